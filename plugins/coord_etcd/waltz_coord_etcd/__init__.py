@@ -1,0 +1,1 @@
+"""Waltz etcd v3 coordination backend (etcd-sdk-python)."""

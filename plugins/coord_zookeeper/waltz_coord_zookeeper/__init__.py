@@ -1,0 +1,1 @@
+"""Waltz ZooKeeper coordination backend (reference), built on kazoo."""

@@ -1,0 +1,1 @@
+"""Waltz TCP transport (reference): asyncio streams, length-prefixed frames."""

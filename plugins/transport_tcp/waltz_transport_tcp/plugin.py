@@ -1,0 +1,3 @@
+"""Entry-point plugin module of the TCP transport."""
+
+from __future__ import annotations

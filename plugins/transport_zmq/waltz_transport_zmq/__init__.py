@@ -1,0 +1,1 @@
+"""Waltz ZeroMQ transport: DEALER/ROUTER with heartbeats."""

@@ -1,0 +1,1 @@
+"""The ``waltz`` command line. Subcommands come from plugins through ``waltz_add_commands``."""

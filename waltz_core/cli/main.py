@@ -1,0 +1,54 @@
+"""Entry point of the ``waltz`` command.
+
+The group is built from plugins: every ``waltz_add_commands`` implementation (built-ins first)
+adds its subcommands. A :class:`~waltz_core.errors.WaltzError` ends the command with one clear
+line on stderr and exit status 1, never a traceback (``WALTZ_DEBUG=1`` shows it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from ..errors import WaltzError
+from ..plugins import core_version, get_plugin_manager
+
+
+def build_cli() -> click.Group:
+    @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+    @click.version_option(core_version(), prog_name="waltz")
+    @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+    def cli(verbose: int) -> None:
+        """Waltz: a distributed, replicated, partitioned write-ahead log with optimistic locking."""
+        level = logging.WARNING - 10 * min(verbose, 2)
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    pm = get_plugin_manager()
+    # LIFO order would list plugin commands before built-ins; add built-ins first for stable help.
+    for impl in reversed(pm.hook.waltz_add_commands.get_hookimpls()):
+        impl.function(**{k: {"cli": cli}[k] for k in impl.argnames})
+    return cli
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli = build_cli()
+        cli.main(args=argv, prog_name="waltz", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except WaltzError as exc:
+        if os.environ.get("WALTZ_DEBUG"):
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

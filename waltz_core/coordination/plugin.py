@@ -1,0 +1,3 @@
+"""Built-in plugin for the coordination package: registers its backends and CLI commands (filled as the package grows)."""
+
+from __future__ import annotations

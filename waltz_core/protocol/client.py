@@ -1,0 +1,482 @@
+"""Client <-> server messages (seed 001 "Client-Server Communication"; original codec V4).
+
+Every payload starts with ``byte type`` then the 16-byte :class:`ReqId`. Stream connections
+carry mount/append/feed/flush/lock-failure; RPC connections carry transaction data, high-water
+marks and the admin requests. ``encode`` and ``decode`` are pure functions: bytes in, message out.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import ClassVar, Final, Union
+
+import attrs
+
+from ..errors import ChecksumError, ProtocolError
+from .wire import (
+    I32,
+    U32,
+    Reader,
+    ReqId,
+    crc32,
+    w_blob,
+    w_int_array,
+    w_str,
+)
+
+PROTOCOL: Final = b"L"
+VERSIONS: Final = (1,)
+
+
+class PartitionState(enum.IntEnum):
+    """Mount outcome (original V3+: an int state instead of a boolean)."""
+
+    READY = 0
+    NOT_READY = 1
+    CLIENT_AHEAD = 2
+
+
+@attrs.frozen(slots=True)
+class MountRequest:
+    TYPE: ClassVar[int] = 0
+    req_id: ReqId
+    client_high_water_mark: int
+    seq_num: int  #: the network client's sequence number; newer connections supersede older ones
+
+
+@attrs.frozen(slots=True)
+class MountResponse:
+    TYPE: ClassVar[int] = 1
+    req_id: ReqId
+    state: PartitionState
+
+
+@attrs.frozen(slots=True)
+class AppendRequest:
+    TYPE: ClassVar[int] = 2
+    req_id: ReqId
+    client_high_water_mark: int
+    write_locks: tuple[int, ...]
+    read_locks: tuple[int, ...]
+    append_locks: tuple[int, ...]
+    header: int
+    data: bytes
+    checksum: int  #: CRC-32 of data; verified when decoded
+
+
+@attrs.frozen(slots=True)
+class FeedRequest:
+    TYPE: ClassVar[int] = 3
+    req_id: ReqId
+    client_high_water_mark: int
+
+
+@attrs.frozen(slots=True)
+class FeedData:
+    TYPE: ClassVar[int] = 4
+    req_id: ReqId  #: the request id of the append that produced this transaction
+    transaction_id: int
+    header: int
+
+
+@attrs.frozen(slots=True)
+class FeedSuspended:
+    TYPE: ClassVar[int] = 5
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class TransactionDataRequest:
+    TYPE: ClassVar[int] = 6
+    req_id: ReqId
+    transaction_id: int
+
+
+@attrs.frozen(slots=True)
+class TransactionDataResponse:
+    TYPE: ClassVar[int] = 7
+    req_id: ReqId
+    transaction_id: int
+    data: bytes | None  #: None when the fetch failed
+    checksum: int
+    error: str | None  #: set when the fetch failed
+
+
+@attrs.frozen(slots=True)
+class FlushRequest:
+    TYPE: ClassVar[int] = 8
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class FlushResponse:
+    TYPE: ClassVar[int] = 9
+    req_id: ReqId
+    transaction_id: int  #: the high-water mark after the pending appends were processed
+
+
+@attrs.frozen(slots=True)
+class LockFailure:
+    TYPE: ClassVar[int] = 10
+    req_id: ReqId
+    transaction_id: int  #: the (estimated) transaction that made the lock request fail
+
+
+@attrs.frozen(slots=True)
+class HighWaterMarkRequest:
+    TYPE: ClassVar[int] = 11
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class HighWaterMarkResponse:
+    TYPE: ClassVar[int] = 12
+    req_id: ReqId
+    transaction_id: int
+
+
+@attrs.frozen(slots=True)
+class CheckStorageConnectivityRequest:
+    TYPE: ClassVar[int] = 13
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class CheckStorageConnectivityResponse:
+    TYPE: ClassVar[int] = 14
+    req_id: ReqId
+    statuses: tuple[tuple[str, bool], ...]  #: ("host:port", reachable)
+
+
+@attrs.frozen(slots=True)
+class ServerPartitionsAssignmentRequest:
+    TYPE: ClassVar[int] = 15
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class ServerPartitionsAssignmentResponse:
+    TYPE: ClassVar[int] = 16
+    req_id: ReqId
+    partition_ids: tuple[int, ...]
+
+
+@attrs.frozen(slots=True)
+class AddPreferredPartitionRequest:
+    TYPE: ClassVar[int] = 17
+    req_id: ReqId
+    partition_ids: tuple[int, ...]
+
+
+@attrs.frozen(slots=True)
+class AddPreferredPartitionResponse:
+    TYPE: ClassVar[int] = 18
+    req_id: ReqId
+    ok: bool
+
+
+@attrs.frozen(slots=True)
+class RemovePreferredPartitionRequest:
+    TYPE: ClassVar[int] = 19
+    req_id: ReqId
+    partition_ids: tuple[int, ...]
+
+
+@attrs.frozen(slots=True)
+class RemovePreferredPartitionResponse:
+    TYPE: ClassVar[int] = 20
+    req_id: ReqId
+    ok: bool
+
+
+@attrs.frozen(slots=True)
+class ServerPartitionsHealthStatRequest:
+    TYPE: ClassVar[int] = 21
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class ServerPartitionsHealthStatResponse:
+    TYPE: ClassVar[int] = 22
+    req_id: ReqId
+    health: tuple[tuple[int, bool], ...]  #: (partition id, healthy)
+
+
+ClientMessage = Union[
+    MountRequest, MountResponse, AppendRequest, FeedRequest, FeedData, FeedSuspended,
+    TransactionDataRequest, TransactionDataResponse, FlushRequest, FlushResponse, LockFailure,
+    HighWaterMarkRequest, HighWaterMarkResponse, CheckStorageConnectivityRequest,
+    CheckStorageConnectivityResponse, ServerPartitionsAssignmentRequest, ServerPartitionsAssignmentResponse,
+    AddPreferredPartitionRequest, AddPreferredPartitionResponse, RemovePreferredPartitionRequest,
+    RemovePreferredPartitionResponse, ServerPartitionsHealthStatRequest, ServerPartitionsHealthStatResponse,
+]
+
+MESSAGES: Final[tuple[type, ...]] = (
+    MountRequest, MountResponse, AppendRequest, FeedRequest, FeedData, FeedSuspended,
+    TransactionDataRequest, TransactionDataResponse, FlushRequest, FlushResponse, LockFailure,
+    HighWaterMarkRequest, HighWaterMarkResponse, CheckStorageConnectivityRequest,
+    CheckStorageConnectivityResponse, ServerPartitionsAssignmentRequest, ServerPartitionsAssignmentResponse,
+    AddPreferredPartitionRequest, AddPreferredPartitionResponse, RemovePreferredPartitionRequest,
+    RemovePreferredPartitionResponse, ServerPartitionsHealthStatRequest, ServerPartitionsHealthStatResponse,
+)
+
+# ------------------------------------------------------------------------------------ structs
+_HEAD: Final = struct.Struct(">biiii")  # type + req id
+_HEAD_LONG: Final = struct.Struct(">biiiiq")  # type + req id + one long
+_FEED_DATA: Final = struct.Struct(">biiiiqi")  # type + req id + transaction id + header
+_MOUNT_REQ: Final = struct.Struct(">biiiiqq")
+_MOUNT_RESP: Final = struct.Struct(">biiiii")
+_HEAD_BOOL: Final = struct.Struct(">biiiib")
+
+_LONG_BODIED = {FeedRequest: "client_high_water_mark", TransactionDataRequest: "transaction_id",
+                FlushResponse: "transaction_id", LockFailure: "transaction_id", HighWaterMarkResponse: "transaction_id"}
+_EMPTY_BODIED = (FeedSuspended, FlushRequest, HighWaterMarkRequest, CheckStorageConnectivityRequest,
+                 ServerPartitionsAssignmentRequest, ServerPartitionsHealthStatRequest)
+
+
+def _head(msg: ClientMessage) -> bytes:
+    q = msg.req_id
+    return _HEAD.pack(msg.TYPE, q.client_id, q.generation, q.partition_id, q.seq_num)
+
+
+def encode(msg: ClientMessage) -> bytes:
+    """Encode one message to a frame payload."""
+    try:
+        return _ENCODERS[type(msg)](msg)
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode {type(msg).__name__}: {exc}") from None
+    except KeyError:
+        raise ProtocolError(f"not a client/server message: {type(msg).__name__}") from None
+
+
+def _enc_feed_data(m: FeedData) -> bytes:
+    q = m.req_id
+    return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, m.transaction_id, m.header)
+
+
+def _enc_mount_req(m: MountRequest) -> bytes:
+    q = m.req_id
+    return _MOUNT_REQ.pack(0, q.client_id, q.generation, q.partition_id, q.seq_num, m.client_high_water_mark, m.seq_num)
+
+
+def _enc_mount_resp(m: MountResponse) -> bytes:
+    q = m.req_id
+    return _MOUNT_RESP.pack(1, q.client_id, q.generation, q.partition_id, q.seq_num, int(m.state))
+
+
+def _enc_append(m: AppendRequest) -> bytes:
+    q = m.req_id
+    out = [_HEAD_LONG.pack(2, q.client_id, q.generation, q.partition_id, q.seq_num, m.client_high_water_mark)]
+    w_int_array(out, m.write_locks)
+    w_int_array(out, m.read_locks)
+    w_int_array(out, m.append_locks)
+    out.append(I32.pack(m.header))
+    w_blob(out, m.data)
+    out.append(U32.pack(m.checksum))
+    return b"".join(out)
+
+
+def _enc_long(m: ClientMessage) -> bytes:
+    q = m.req_id
+    return _HEAD_LONG.pack(m.TYPE, q.client_id, q.generation, q.partition_id, q.seq_num, getattr(m, _LONG_BODIED[type(m)]))
+
+
+def _enc_txn_data_resp(m: TransactionDataResponse) -> bytes:
+    q = m.req_id
+    out = [_HEAD_LONG.pack(7, q.client_id, q.generation, q.partition_id, q.seq_num, m.transaction_id)]
+    if m.data is not None:
+        out.append(b"\x01")
+        w_blob(out, m.data)
+        out.append(U32.pack(m.checksum))
+    else:
+        out.append(b"\x00")
+        w_str(out, m.error or "")
+    return b"".join(out)
+
+
+def _enc_statuses(m: CheckStorageConnectivityResponse) -> bytes:
+    out = [_head(m), I32.pack(len(m.statuses))]
+    for endpoint, ok in m.statuses:
+        w_str(out, endpoint)
+        out.append(b"\x01" if ok else b"\x00")
+    return b"".join(out)
+
+
+def _enc_ids(m: ServerPartitionsAssignmentResponse | AddPreferredPartitionRequest | RemovePreferredPartitionRequest) -> bytes:
+    out = [_head(m)]
+    w_int_array(out, m.partition_ids)
+    return b"".join(out)
+
+
+def _enc_ok(m: AddPreferredPartitionResponse | RemovePreferredPartitionResponse) -> bytes:
+    q = m.req_id
+    return _HEAD_BOOL.pack(m.TYPE, q.client_id, q.generation, q.partition_id, q.seq_num, 1 if m.ok else 0)
+
+
+def _enc_health(m: ServerPartitionsHealthStatResponse) -> bytes:
+    out = [_head(m), I32.pack(len(m.health))]
+    out.extend(struct.pack(">ib", pid, 1 if ok else 0) for pid, ok in m.health)
+    return b"".join(out)
+
+
+_ENCODERS: dict[type, object] = {
+    MountRequest: _enc_mount_req,
+    MountResponse: _enc_mount_resp,
+    AppendRequest: _enc_append,
+    FeedData: _enc_feed_data,
+    TransactionDataResponse: _enc_txn_data_resp,
+    CheckStorageConnectivityResponse: _enc_statuses,
+    ServerPartitionsAssignmentResponse: _enc_ids,
+    AddPreferredPartitionRequest: _enc_ids,
+    RemovePreferredPartitionRequest: _enc_ids,
+    AddPreferredPartitionResponse: _enc_ok,
+    RemovePreferredPartitionResponse: _enc_ok,
+    ServerPartitionsHealthStatResponse: _enc_health,
+    **{cls: _enc_long for cls in _LONG_BODIED},
+    **{cls: _head for cls in _EMPTY_BODIED},
+}
+
+# ------------------------------------------------------------------------------------ decoding
+
+
+def decode(buf: bytes | memoryview) -> ClientMessage:
+    """Decode one frame payload. Anything malformed raises :class:`ProtocolError` naming the problem."""
+    if not buf:
+        raise ProtocolError("client message: empty frame")
+    kind = buf[0]
+    if kind >= len(_DECODERS):
+        raise ProtocolError(f"client message: unknown message type {kind}")
+    # Fast paths: fixed-size messages decode with one precompiled struct.
+    if kind == 4:
+        if len(buf) != _FEED_DATA.size:
+            raise ProtocolError(f"FeedData: expected {_FEED_DATA.size} bytes, got {len(buf)}")
+        _, c, g, p, s, t, h = _FEED_DATA.unpack(buf)
+        return FeedData(ReqId(c, g, p, s), t, h)
+    return _DECODERS[kind](Reader(buf, 1, _NAMES[kind]))  # type: ignore[operator]
+
+
+def _dec_req(cls: type) -> object:
+    def dec(r: Reader) -> ClientMessage:
+        q = r.req_id()
+        r.done()
+        return cls(q)  # type: ignore[no-any-return]
+    return dec
+
+
+def _dec_long(cls: type) -> object:
+    def dec(r: Reader) -> ClientMessage:
+        q = r.req_id()
+        v = r.i64(_LONG_BODIED[cls])
+        r.done()
+        return cls(q, v)  # type: ignore[no-any-return]
+    return dec
+
+
+def _dec_mount_req(r: Reader) -> MountRequest:
+    q = r.req_id()
+    m = MountRequest(q, r.i64("client high-water mark"), r.i64("sequence number"))
+    r.done()
+    return m
+
+
+def _dec_mount_resp(r: Reader) -> MountResponse:
+    q = r.req_id()
+    raw = r.i32("partition state")
+    try:
+        state = PartitionState(raw)
+    except ValueError:
+        raise ProtocolError(f"MountResponse: unknown partition state {raw}") from None
+    r.done()
+    return MountResponse(q, state)
+
+
+def _dec_append(r: Reader) -> AppendRequest:
+    q = r.req_id()
+    hwm = r.i64("client high-water mark")
+    wl = r.int_array("write locks")
+    rl = r.int_array("read locks")
+    al = r.int_array("append locks")
+    header = r.i32("header")
+    data = r.blob("data")
+    checksum = r.u32("checksum")
+    r.done()
+    if crc32(data) != checksum:
+        raise ChecksumError(f"AppendRequest {q}: transaction data checksum mismatch")
+    return AppendRequest(q, hwm, wl, rl, al, header, data, checksum)
+
+
+def _dec_txn_data_resp(r: Reader) -> TransactionDataResponse:
+    q = r.req_id()
+    txn = r.i64("transaction id")
+    if r.bool("success flag"):
+        data = r.blob("data")
+        checksum = r.u32("checksum")
+        r.done()
+        return TransactionDataResponse(q, txn, data, checksum, None)
+    error = r.str("error message")
+    r.done()
+    return TransactionDataResponse(q, txn, None, 0, error)
+
+
+def _dec_statuses(r: Reader) -> CheckStorageConnectivityResponse:
+    q = r.req_id()
+    n = r.count("statuses", 5)
+    statuses = tuple((r.str("endpoint"), r.bool("reachable")) for _ in range(n))
+    r.done()
+    return CheckStorageConnectivityResponse(q, statuses)
+
+
+def _dec_ids(cls: type) -> object:
+    def dec(r: Reader) -> ClientMessage:
+        q = r.req_id()
+        ids = r.int_array("partition ids")
+        r.done()
+        return cls(q, ids)  # type: ignore[no-any-return]
+    return dec
+
+
+def _dec_ok(cls: type) -> object:
+    def dec(r: Reader) -> ClientMessage:
+        q = r.req_id()
+        ok = r.bool("result")
+        r.done()
+        return cls(q, ok)  # type: ignore[no-any-return]
+    return dec
+
+
+def _dec_health(r: Reader) -> ServerPartitionsHealthStatResponse:
+    q = r.req_id()
+    n = r.count("health", 5)
+    health = tuple((r.i32("partition id"), r.bool("healthy")) for _ in range(n))
+    r.done()
+    return ServerPartitionsHealthStatResponse(q, health)
+
+
+_DECODERS: tuple[object, ...] = (
+    _dec_mount_req,
+    _dec_mount_resp,
+    _dec_append,
+    _dec_long(FeedRequest),
+    None,  # FeedData: fast path in decode()
+    _dec_req(FeedSuspended),
+    _dec_long(TransactionDataRequest),
+    _dec_txn_data_resp,
+    _dec_req(FlushRequest),
+    _dec_long(FlushResponse),
+    _dec_long(LockFailure),
+    _dec_req(HighWaterMarkRequest),
+    _dec_long(HighWaterMarkResponse),
+    _dec_req(CheckStorageConnectivityRequest),
+    _dec_statuses,
+    _dec_req(ServerPartitionsAssignmentRequest),
+    _dec_ids(ServerPartitionsAssignmentResponse),
+    _dec_ids(AddPreferredPartitionRequest),
+    _dec_ok(AddPreferredPartitionResponse),
+    _dec_ids(RemovePreferredPartitionRequest),
+    _dec_ok(RemovePreferredPartitionResponse),
+    _dec_req(ServerPartitionsHealthStatRequest),
+    _dec_health,
+)
+_NAMES: tuple[str, ...] = tuple(cls.__name__ for cls in MESSAGES)
+assert all(cls.TYPE == i for i, cls in enumerate(MESSAGES))  # type: ignore[attr-defined]

@@ -1,0 +1,80 @@
+"""Length-prefixed framing for byte-stream transports (sans-IO).
+
+A frame is ``uint32 length`` followed by ``length`` payload bytes. A zero length is a
+keep-alive/heartbeat and carries no payload; :class:`FrameDecoder` drops it and counts it. The
+decoder never buffers more than one maximal frame plus what one ``feed`` call brought, and
+rejects a length above ``max_frame_size`` as soon as the 4-byte prefix arrives.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import Final
+
+from ..errors import FrameTooLargeError, ProtocolError
+
+LENGTH: Final = struct.Struct(">I")
+HEARTBEAT: Final = LENGTH.pack(0)
+DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+
+
+def encode_frame(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    n = len(payload)
+    if n == 0:
+        raise ProtocolError("empty frames are reserved for heartbeats")
+    if n > max_frame_size:
+        raise FrameTooLargeError(f"frame of {n} bytes exceeds the maximum of {max_frame_size}")
+    return LENGTH.pack(n) + payload
+
+
+def encode_frames(payloads: Iterable[bytes], max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """Many frames in one buffer: one write (one syscall) for a whole batch."""
+    out: list[bytes] = []
+    pack = LENGTH.pack
+    for p in payloads:
+        n = len(p)
+        if n == 0 or n > max_frame_size:
+            encode_frame(p, max_frame_size)  # raises the precise error
+        out.append(pack(n))
+        out.append(p)
+    return b"".join(out)
+
+
+class FrameDecoder:
+    """Bytes in, complete frame payloads out."""
+
+    __slots__ = ("_buf", "_max", "heartbeats")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_size
+        self.heartbeats = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Add received bytes; return every frame they complete (possibly none)."""
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        unpack = LENGTH.unpack_from
+        while end - pos >= 4:
+            (n,) = unpack(buf, pos)
+            if n > self._max:
+                raise FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {self._max}")
+            if n == 0:
+                self.heartbeats += 1
+                pos += 4
+                continue
+            if end - pos - 4 < n:
+                break
+            frames.append(bytes(buf[pos + 4 : pos + 4 + n]))
+            pos += 4 + n
+        if pos:
+            del buf[:pos]
+        return frames
