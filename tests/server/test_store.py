@@ -1,0 +1,229 @@
+"""The replicated store over in-memory replicas: quorum commit, failures, catch-up, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from waltz_core.config import ServerConfig
+from waltz_core.protocol.wire import Record, ReqId, crc32
+from waltz_core.server.recovery import UNRESOLVED, Recovery, ReplicaState
+from waltz_core.server.store import ReplicatedStore
+from waltz_core.testing.fake_storage import FakeReplica, MemoryMetadata, connector
+
+pytestmark = pytest.mark.timeout(30)
+
+EPS = ["s1:1", "s2:1", "s3:1"]
+CONFIG = ServerConfig(initial_retry_interval=0.01, max_retry_interval=0.05, max_batch_size=10)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.committed = -1
+        self.resets: list[int] = []
+
+    def on_committed(self, hwm: int) -> None:
+        assert hwm >= self.committed, "commits must arrive in order"
+        self.committed = hwm
+
+    def on_session_reset(self, hwm: int) -> None:
+        self.resets.append(hwm)
+        self.committed = hwm
+
+
+def make(pid: int = 0) -> tuple[dict[str, FakeReplica], MemoryMetadata, ReplicatedStore, Sink]:
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    meta = MemoryMetadata({pid: EPS})
+    store = ReplicatedStore(pid, 0, meta, connector(replicas), CONFIG)
+    return replicas, meta, store, Sink()
+
+
+def rec(txn: int, payload: bytes = b"x") -> Record:
+    return Record(txn, ReqId(1, 0, 0, txn), 0, payload, crc32(payload))
+
+
+async def append_n(store: ReplicatedStore, n: int, start: int = 0) -> list[int]:
+    ids = []
+    for i in range(n):
+        await store.wait_writable()
+        data = f"t{start + i}".encode()
+        ids.append(store.append(ReqId(1, 0, 0, start + i), 0, data, crc32(data)))
+    return ids
+
+
+async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+async def test_appends_commit_on_a_quorum_of_two() -> None:
+    replicas, _, store, sink = make()
+    replicas["s3:1"].down = True
+    assert await store.open(sink) == -1
+    ids = await append_n(store, 25)
+    await store.flush()
+    assert ids == list(range(25))
+    assert sink.committed == 24
+    assert [r.transaction_id for r in replicas["s1:1"].log(0)] == ids
+    assert replicas["s3:1"].log(0) == []
+    await store.close()
+
+
+async def test_a_replica_failure_starts_a_new_session_and_loses_nothing_committed() -> None:
+    replicas, meta, store, sink = make()
+    await store.open(sink)
+    await append_n(store, 20)
+    await store.flush()
+    committed_before = sink.committed
+    replicas["s2:1"].down = True
+    await append_n(store, 5, start=100)  # these may fail with the session; recovery decides
+    await wait_for(lambda: store.sessions_started >= 2 and store.healthy)
+    assert sink.resets, "the partition must hear about the new session"
+    assert sink.committed >= committed_before
+    ids = await append_n(store, 10, start=200)
+    await store.flush()
+    assert sink.committed == ids[-1]
+    log1 = replicas["s1:1"].log(0)
+    log3 = replicas["s3:1"].log(0)
+    assert log1[: sink.committed + 1] == log3[: sink.committed + 1]
+    assert [r.transaction_id for r in log1] == list(range(sink.committed + 1))
+    assert meta.meta[0].session_id >= 1
+    await store.close()
+
+
+async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
+    replicas, _, store, sink = make()
+    await store.open(sink)
+    await append_n(store, 5)
+    await store.flush()
+    replicas["s2:1"].down = True
+    replicas["s3:1"].down = True
+    with pytest.raises(Exception):
+        await append_n(store, 3, start=10)
+        await asyncio.wait_for(store.flush(), 0.3)
+    stalled_at = sink.committed
+    await asyncio.sleep(0.2)
+    assert sink.committed == stalled_at
+    replicas["s3:1"].down = False
+    await wait_for(lambda: store.healthy, timeout=10)
+    ids = await append_n(store, 5, start=20)
+    await store.flush()
+    assert sink.committed == ids[-1]
+    await store.close()
+
+
+async def test_a_returning_replica_catches_up_and_is_identical() -> None:
+    replicas, meta, store, sink = make()
+    replicas["s3:1"].down = True
+    await store.open(sink)
+    await append_n(store, 50)
+    await store.flush()
+    replicas["s3:1"].down = False  # the storage is back: the store brings it in with a new session
+    await wait_for(lambda: store.sessions_started >= 2 and store.healthy, timeout=10)
+    ids = await append_n(store, 30, start=100)
+    await store.flush()
+    await wait_for(lambda: len(replicas["s3:1"].log(0)) >= ids[-1] + 1)
+    committed = sink.committed
+    assert replicas["s3:1"].log(0)[: committed + 1] == replicas["s2:1"].log(0)[: committed + 1]
+    await store.close()
+
+
+async def test_checkpoint_interval_rolls_over_to_a_new_session() -> None:
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    meta = MemoryMetadata({0: EPS})
+    config = ServerConfig(initial_retry_interval=0.01, max_batch_size=10, checkpoint_interval=30)
+    store = ReplicatedStore(0, 0, meta, connector(replicas), config)
+    sink = Sink()
+    await store.open(sink)
+    ids = await append_n(store, 300)
+    await store.flush()
+    await wait_for(lambda: store.sessions_started >= 3)
+    # A rollover drains first: nothing is lost and every append committed in order.
+    assert sink.committed == ids[-1] == 299
+    assert meta.meta[0].session_id == store.sessions_started - 1
+    for r in replicas.values():
+        assert [x.transaction_id for x in r.log(0)] == ids
+    await store.close()
+
+
+# ----------------------------------------------------------------------- recovery scenarios
+
+
+async def seed_logs(replicas: dict[str, FakeReplica], counts: dict[str, int], session: int = 0) -> None:
+    for ep, n in counts.items():
+        r = replicas[ep]
+        await r.set_low_water_mark(session, 0, -1)
+        if n:
+            await r.append(session, 0, [rec(i) for i in range(n)])
+
+
+async def test_recovery_truncates_dirty_transactions_above_the_majority_mark() -> None:
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    await seed_logs(replicas, {"s1:1": 20, "s2:1": 30, "s3:1": 10})  # HA=19, HB=29, HC=9
+    states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
+    result = await Recovery(0, 1, EPS, states, connector(replicas)).run()
+    assert result.high_water_mark == 19
+    assert result.clean == {"s1:1", "s2:1"}
+    for ep in ("s1:1", "s2:1"):
+        r = replicas[ep]
+        assert [x.transaction_id for x in r.log(0)] == list(range(20)), "dirty tail removed"
+        assert r.partitions[0].info.low_water_mark == 19 and r.partitions[0].info.session_id == 1
+        assert result.replica_states[ep] == ReplicaState(1, UNRESOLVED)
+    # C is behind; a quorum is clean, so C keeps catching up inside the new session (seed step 5.iv.3).
+    assert result.lagging == {"s3:1": 9}
+    assert result.replica_states["s3:1"] == ReplicaState(0, 19)
+
+
+async def test_recovery_with_b_offline_waits_until_c_catches_up_with_a() -> None:
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    await seed_logs(replicas, {"s1:1": 20, "s2:1": 30, "s3:1": 10})
+    replicas["s2:1"].down = True
+    states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
+    recovery = Recovery(0, 1, EPS, states, connector(replicas), retry_interval=0.01)
+    result = await recovery.run()
+    # Undecidable at first (HA has 1 vote + 1 offline); C catching up with A makes it decidable.
+    assert result.high_water_mark == 19
+    assert [x.transaction_id for x in replicas["s3:1"].log(0)] == list(range(20))
+    # B was not clean: its closing high-water mark is recorded, its session left unchanged (step 6.ii).
+    assert result.replica_states["s2:1"] == ReplicaState(0, 19)
+    # Next time B is consistent and truncated to that mark, whatever it held.
+    replicas["s2:1"].down = False
+    states2 = dict(result.replica_states)
+    result2 = await Recovery(0, 2, EPS, states2, connector(replicas)).run()
+    assert result2.high_water_mark == 19
+    assert [x.transaction_id for x in replicas["s2:1"].log(0)] == list(range(20))
+
+
+async def test_recovery_with_only_one_replica_reachable_waits() -> None:
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    await seed_logs(replicas, {"s1:1": 5, "s2:1": 5, "s3:1": 5})
+    replicas["s2:1"].down = replicas["s3:1"].down = True
+    recovery = Recovery(0, 1, EPS, {}, connector(replicas), retry_interval=0.01)
+    task = asyncio.ensure_future(recovery.run())
+    await asyncio.sleep(0.2)
+    assert not task.done(), "one of three cannot decide"
+    assert recovery.last_vote is not None and not recovery.last_vote.decided
+    replicas["s3:1"].down = False
+    result = await asyncio.wait_for(task, 5)
+    assert result.high_water_mark == 4 or result.high_water_mark == -1
+
+
+async def test_inconsistent_replica_is_truncated_to_its_own_low_water_mark() -> None:
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    await seed_logs(replicas, {"s1:1": 10, "s2:1": 10, "s3:1": 10}, session=3)
+    # s3 holds a restored copy from session 1 with 25 records, low-water mark 4.
+    s3 = replicas["s3:1"]
+    s3.partitions.clear()
+    await s3.append(1, 0, [rec(i, b"old") for i in range(25)])
+    s3.partitions[0].info = s3.partitions[0].info.__class__(1, 4, 24)
+    states = {ep: ReplicaState(3, UNRESOLVED) for ep in EPS}
+    result = await Recovery(0, 4, EPS, states, connector(replicas)).run()
+    assert result.high_water_mark == 9
+    log3 = s3.log(0)
+    assert [r.transaction_id for r in log3] == list(range(5)), "truncated to its own low-water mark 4"
+    assert result.lagging == {"s3:1": 4}
+    assert result.replica_states["s3:1"] == ReplicaState(3, 9)

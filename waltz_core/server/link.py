@@ -1,0 +1,95 @@
+"""A client connection as the server sees it: batched, non-blocking posting of messages.
+
+Partitions never await a client's socket on their own paths: they *post* messages, and one
+writer task per connection sends everything posted since its last write in a single
+``send_many`` (one syscall for many feed records, across partitions). Feed tasks await
+:meth:`ClientLink.wait_writable` so a slow client slows only its own feeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import TransportError
+from ..transport.channel import MessageChannel
+
+log = logging.getLogger("waltz.server.link")
+_ids = itertools.count(1)
+
+
+class ClientLink:
+    __slots__ = ("channel", "id", "_encode", "_buffer", "_wakeup", "_writable", "_high", "_low", "_writer", "_closed")
+
+    def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024) -> None:
+        self.channel = channel
+        self.id = next(_ids)
+        self._encode = channel.family.encode
+        self._buffer: list[bytes] = []
+        self._wakeup = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._high = high_water
+        self._low = low_water
+        self._closed = False
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name=f"client-link-{self.id}-writer")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def peer(self) -> str:
+        return self.channel.conn.peer
+
+    def post(self, msg: Any) -> None:
+        """Queue one message for sending (never blocks)."""
+        if self._closed:
+            return
+        self._buffer.append(self._encode(msg))
+        self._after_post()
+
+    def post_many(self, msgs: Iterable[Any]) -> None:
+        if self._closed:
+            return
+        enc = self._encode
+        self._buffer.extend(enc(m) for m in msgs)
+        self._after_post()
+
+    def _after_post(self) -> None:
+        self._wakeup.set()
+        if len(self._buffer) >= self._high:
+            self._writable.clear()
+
+    async def wait_writable(self) -> None:
+        """Wait while this connection has too much unsent data (back pressure for feeds)."""
+        if not self._writable.is_set():
+            await self._writable.wait()
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._buffer:
+                    frames, self._buffer = self._buffer, []
+                    if len(self._buffer) < self._low:
+                        self._writable.set()
+                    await self.channel.conn.send_many(frames)
+                self._writable.set()
+        except TransportError as exc:
+            log.debug("client %s: write failed: %s", self.peer, exc)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._closed = True
+            self._writable.set()  # never leave a feed waiting on a dead link
+
+    async def close(self) -> None:
+        self._closed = True
+        self._writer.cancel()
+        await asyncio.gather(self._writer, return_exceptions=True)
+        await self.channel.close()

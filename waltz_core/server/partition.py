@@ -1,0 +1,370 @@
+"""A partition as its owning server runs it (seed 000 "Partition Object").
+
+One append task per partition takes appends, flushes and mounts from a bounded queue in
+arrival order (ordering is what makes mounts and flushes meaningful), checks the lock table,
+hands accepted appends to the store and, on commit, fills the feed and data caches, commits
+the locks and advances the high-water mark. Feeds are one task per mounted client: they
+stream headers (never data) from the cache or, when behind it, from storage.
+
+Appends whose locks collide with an append still in flight *serialize*: the task waits for the
+in-flight appends to commit and checks again (the original flushes the store partition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Protocol
+
+import attrs
+
+from ..config import ServerConfig
+from ..errors import WaltzError
+from ..protocol import client as m
+from ..protocol.wire import Record, RecordHeader, ReqId
+from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
+from .caches import DataCache, FeedCache
+from .link import ClientLink
+
+log = logging.getLogger("waltz.server.partition")
+
+FEED_BATCH = 256  # headers per feed write; bounded so one busy feed cannot starve others
+
+
+class StoreSink(Protocol):
+    """What a store session tells its partition (called on the event loop, in transaction order)."""
+
+    def on_committed(self, high_water_mark: int) -> None: ...
+
+    def on_session_reset(self, high_water_mark: int) -> None: ...
+
+
+class Store(Protocol):
+    """The replicated store of one partition, as the partition uses it (see :mod:`.store`)."""
+
+    high_water_mark: int
+
+    async def open(self, sink: StoreSink) -> int:
+        """Start a store session (recovery included) and return the committed high-water mark."""
+
+    def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
+        """Assign the next transaction id and start replicating it; commits arrive via the sink."""
+
+    async def wait_writable(self) -> None:
+        """Wait while too many appends are in flight (back pressure)."""
+
+    async def flush(self) -> None:
+        """Wait until every append handed over so far is committed or failed."""
+
+    async def read_headers(self, first: int, max_count: int) -> list[RecordHeader]: ...
+
+    async def read_record(self, transaction_id: int) -> Record | None: ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+@attrs.define(slots=True)
+class _Pending:
+    transaction_id: int
+    req_id: ReqId
+    header: int
+    data: bytes
+    checksum: int
+    locks: LockRequest
+
+
+@attrs.define(slots=True)
+class _ClientSlot:
+    """The current stream connection of one client id for this partition."""
+
+    seq_num: int
+    link: ClientLink
+    feed: asyncio.Task[None] | None = None
+
+
+@attrs.define(slots=True)
+class _Barrier:
+    """A flush or mount queued behind the appends before it."""
+
+    msg: m.FlushRequest | m.MountRequest
+    link: ClientLink
+
+
+class Partition:
+    def __init__(self, partition_id: int, generation: int, store: Store, lock_table_factory: Any,
+                 config: ServerConfig) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.store = store
+        self._lock_table_factory = lock_table_factory
+        self.locks: LockTable | None = None
+        self.config = config
+        self.high_water_mark = -1
+        self.ready = False
+        self._queue: asyncio.Queue[tuple[m.AppendRequest, ClientLink] | _Barrier] = asyncio.Queue(config.append_queue_size)
+        self._pending: deque[_Pending] = deque()
+        self._feed_cache = FeedCache(config.feed_cache_size)
+        self._data_cache = DataCache(config.transaction_data_cache_size)
+        self._clients: dict[int, _ClientSlot] = {}
+        self._committed = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._append_task: asyncio.Task[None] | None = None
+        self._closed = False
+        # metrics
+        self.appends = 0
+        self.lock_failures = 0
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        """Recover the store, then accept appends."""
+        hwm = await self.store.open(self)
+        self.high_water_mark = hwm
+        self._feed_cache.reset(hwm + 1)
+        self.locks = self._lock_table_factory(hwm)
+        self.ready = True
+        self._append_task = asyncio.get_running_loop().create_task(self._append_loop(), name=f"append-p{self.partition_id}")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.ready = False
+        tasks = [t for t in (self._append_task,) if t] + [s.feed for s in self._clients.values() if s.feed] + list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for slot in self._clients.values():
+            slot.link.post(m.FeedSuspended(ReqId(0, self.generation, self.partition_id, 0)))
+        self._clients.clear()
+        await self.store.close()
+        self._wake_feeds()
+
+    # -------------------------------------------------------------------------- message entry
+
+    async def submit(self, msg: Any, link: ClientLink) -> None:
+        """Called by the connection reader for a message of this partition. May wait (back pressure)."""
+        t = type(msg)
+        if t is m.AppendRequest:
+            await self._queue.put((msg, link))
+        elif t is m.MountRequest or t is m.FlushRequest:
+            await self._queue.put(_Barrier(msg, link))
+        elif t is m.FeedRequest:
+            self._restart_feed(msg, link)
+        elif t is m.TransactionDataRequest:
+            self._spawn(self._serve_data(msg, link))
+        elif t is m.HighWaterMarkRequest:
+            link.post(m.HighWaterMarkResponse(msg.req_id, self.high_water_mark))
+        else:
+            log.warning("partition %d: unexpected %s from %s", self.partition_id, t.__name__, link.peer)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _is_current(self, req_id: ReqId, link: ClientLink) -> bool:
+        """Stale-connection and stale-generation rejection."""
+        if req_id.generation != self.generation:
+            return False
+        slot = self._clients.get(req_id.client_id)
+        return slot is not None and slot.link is link
+
+    # ---------------------------------------------------------------------------- append task
+
+    async def _append_loop(self) -> None:
+        queue = self._queue
+        while True:
+            item = await queue.get()
+            try:
+                if type(item) is _Barrier:
+                    await self._barrier(item)
+                else:
+                    await self._append(*item)  # type: ignore[misc]
+            except asyncio.CancelledError:
+                raise
+            except WaltzError as exc:
+                log.warning("partition %d: %s", self.partition_id, exc)
+            except Exception:  # a bug must not kill the partition's only append task
+                log.exception("partition %d: unexpected error in the append task", self.partition_id)
+
+    async def _append(self, req: m.AppendRequest, link: ClientLink) -> None:
+        if not self._is_current(req.req_id, link):
+            return  # stale connection or generation: ignored, as the original does
+        locks = self.locks
+        assert locks is not None
+        request = NO_LOCKS
+        if req.write_locks or req.read_locks or req.append_locks:
+            request = LockRequest.from_append(req)
+        while True:
+            # From a successful begin() to store.append() nothing awaits, so the lock decision
+            # and the hand-off see the same store session and the same committed locks.
+            await self.store.wait_writable()
+            if request is NO_LOCKS or locks.begin(request) is Begin.OK:
+                break
+            if self._pending:
+                await self.store.flush()  # collides with an append in flight: let it commit first
+            else:
+                locks.reset(self.high_water_mark)  # nothing in flight: stale marks (as the original)
+        if request is not NO_LOCKS:
+            conflict = locks.check(request, req.client_high_water_mark)
+            if conflict is not None:
+                locks.abort(request)
+                self.lock_failures += 1
+                link.post(m.LockFailure(req.req_id, conflict))
+                return
+        txn = self.store.append(req.req_id, req.header, req.data, req.checksum)
+        self._pending.append(_Pending(txn, req.req_id, req.header, req.data, req.checksum, request))
+        self.appends += 1
+
+    async def _barrier(self, item: _Barrier) -> None:
+        await self.store.flush()
+        msg = item.msg
+        if type(msg) is m.FlushRequest:
+            if msg.req_id.generation == self.generation:
+                item.link.post(m.FlushResponse(msg.req_id, self.high_water_mark))
+            return
+        self._mount(msg, item.link)  # type: ignore[arg-type]
+
+    # --------------------------------------------------------------------------- store events
+
+    def on_committed(self, high_water_mark: int) -> None:
+        pending = self._pending
+        locks = self.locks
+        feed_add = self._feed_cache.add
+        data_put = self._data_cache.put
+        while pending and pending[0].transaction_id <= high_water_mark:
+            p = pending.popleft()
+            feed_add(RecordHeader(p.transaction_id, p.req_id, p.header))
+            data_put(p.transaction_id, p.data, p.checksum)
+            if p.locks is not NO_LOCKS and locks is not None:
+                locks.commit(p.locks, p.transaction_id)
+        if high_water_mark > self.high_water_mark:
+            self.high_water_mark = high_water_mark
+        self._wake_feeds()
+
+    def on_session_reset(self, high_water_mark: int) -> None:
+        """A new store session recovered ``high_water_mark``: commit what it kept, fail the rest."""
+        self.on_committed(high_water_mark)
+        locks = self.locks
+        while self._pending:
+            p = self._pending.popleft()
+            if p.locks is not NO_LOCKS and locks is not None:
+                locks.abort(p.locks)
+        self.high_water_mark = high_water_mark
+
+    def _wake_feeds(self) -> None:
+        self._committed.set()
+        self._committed = asyncio.Event()
+
+    # ---------------------------------------------------------------------------------- feeds
+
+    def _mount(self, msg: m.MountRequest, link: ClientLink) -> None:
+        q = msg.req_id
+        if q.generation != self.generation or not self.ready:
+            link.post(m.MountResponse(q, m.PartitionState.NOT_READY))
+            return
+        slot = self._clients.get(q.client_id)
+        if slot is not None and msg.seq_num < slot.seq_num:
+            return  # a mount from an older network client of this client: stale
+        if slot is not None and slot.feed is not None:
+            slot.feed.cancel()
+        if msg.client_high_water_mark > self.high_water_mark:
+            self._clients.pop(q.client_id, None)
+            link.post(m.MountResponse(q, m.PartitionState.CLIENT_AHEAD))
+            return
+        slot = _ClientSlot(msg.seq_num, link)
+        self._clients[q.client_id] = slot
+        slot.feed = asyncio.get_running_loop().create_task(
+            self._feed(slot, q, msg.client_high_water_mark, mount_until=self.high_water_mark),
+            name=f"feed-p{self.partition_id}-c{q.client_id}",
+        )
+
+    def _restart_feed(self, msg: m.FeedRequest, link: ClientLink) -> None:
+        q = msg.req_id
+        slot = self._clients.get(q.client_id)
+        if slot is None or slot.link is not link or q.generation != self.generation:
+            link.post(m.FeedSuspended(q))
+            return
+        if slot.feed is not None:
+            slot.feed.cancel()
+        slot.feed = asyncio.get_running_loop().create_task(self._feed(slot, q, msg.client_high_water_mark, None))
+
+    async def _feed(self, slot: _ClientSlot, req_id: ReqId, client_hwm: int, mount_until: int | None) -> None:
+        """Stream headers after ``client_hwm``; answer the mount once the feed reached ``mount_until``."""
+        link = slot.link
+        next_id = client_hwm + 1
+        try:
+            while not link.closed:
+                hwm = self.high_water_mark
+                if next_id <= hwm:
+                    count = min(FEED_BATCH, hwm - next_id + 1)
+                    headers = self._feed_cache.get(next_id, count)
+                    if headers is None:
+                        headers = await self.store.read_headers(next_id, count)
+                        if not headers:
+                            raise WaltzError(f"storage returned no headers from {next_id} (high-water mark {hwm})")
+                    link.post_many([m.FeedData(h.req_id, h.transaction_id, h.header) for h in headers])
+                    next_id += len(headers)
+                    await link.wait_writable()
+                    continue
+                if mount_until is not None:
+                    link.post(m.MountResponse(req_id, m.PartitionState.READY))
+                    mount_until = None
+                await self._committed.wait()
+        except asyncio.CancelledError:
+            raise
+        except WaltzError as exc:
+            log.warning("partition %d: feed to %s stopped: %s", self.partition_id, link.peer, exc)
+            link.post(m.FeedSuspended(req_id))
+
+    # -------------------------------------------------------------------------------- data rpc
+
+    async def _serve_data(self, msg: m.TransactionDataRequest, link: ClientLink) -> None:
+        txn = msg.transaction_id
+        if not self.ready:
+            link.post(m.TransactionDataResponse(msg.req_id, txn, None, 0, "partition not ready"))
+            return
+        if txn > self.high_water_mark or txn < 0:
+            link.post(m.TransactionDataResponse(msg.req_id, txn, None, 0,
+                                                f"transaction {txn} is not committed (high-water mark {self.high_water_mark})"))
+            return
+        cached = self._data_cache.get(txn)
+        if cached is not None:
+            link.post(m.TransactionDataResponse(msg.req_id, txn, cached[0], cached[1], None))
+            return
+        try:
+            record = await self.store.read_record(txn)
+        except WaltzError as exc:
+            link.post(m.TransactionDataResponse(msg.req_id, txn, None, 0, f"storage read failed: {exc}"))
+            return
+        if record is None:
+            link.post(m.TransactionDataResponse(msg.req_id, txn, None, 0, f"transaction {txn} not found in storage"))
+            return
+        link.post(m.TransactionDataResponse(msg.req_id, txn, record.data, record.checksum, None))
+
+    # -------------------------------------------------------------------------------- status
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready and self.store.healthy
+
+    def disconnect(self, link: ClientLink) -> None:
+        """A client connection closed: drop its feeds."""
+        for cid, slot in list(self._clients.items()):
+            if slot.link is link:
+                if slot.feed is not None:
+                    slot.feed.cancel()
+                del self._clients[cid]
+
+    @property
+    def queue_size(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,238 @@
+"""Recovery of a partition at the start of every store session (seed 000 "Recovery Procedure").
+
+Run before any write of a new session, exactly as the seed lays out, per reachable replica:
+
+1. read its last session info (this also fences older sessions: the storage adopts the new
+   session id) and its max transaction id;
+2. if its replica state in the partition metadata and the storage disagree on the session, the
+   replica is *inconsistent*: truncate it to the low-water mark saved in the storage;
+3. else if the metadata already has a resolved closing high-water mark for it, truncate to that;
+4. else it was engaged in the last session: it proposes its max transaction id.
+
+Then the vote (:mod:`.vote`) over the replicas' marks; while undecidable, replicas behind the
+most advanced one catch up from it (every reachable replica holds a prefix of the same
+sequence after steps 2-4), offline replicas are retried, and the vote is re-evaluated on every
+change. Once decided at ``H``: replicas above ``H`` are truncated (dirty transactions), replicas
+below catch up, each replica at ``H`` gets the low-water mark ``H`` under the new session id,
+and the new replica states follow the seed's step 6.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+
+from ..errors import WaltzError
+from .replica import ReplicaApi
+from .vote import VoteResult, evaluate, quorum_of
+
+log = logging.getLogger("waltz.server.recovery")
+
+#: Closing high-water mark of a replica engaged in the current session (original: Long.MIN_VALUE).
+UNRESOLVED = -(2**63)
+#: Session id of a replica state that was never written (a replica new to the metadata).
+NO_SESSION = -1
+
+CATCH_UP_BATCH = 500
+
+
+@attrs.frozen(slots=True)
+class ReplicaState:
+    session_id: int
+    closing_high_water_mark: int
+
+
+@attrs.frozen
+class RecoveryResult:
+    high_water_mark: int
+    clean: frozenset[str]  #: at the high-water mark with the low-water mark set in this session
+    lagging: Mapping[str, int]  #: reachable but behind: endpoint -> max transaction id
+    replica_states: Mapping[str, ReplicaState]  #: new states to write (step 6)
+
+
+@attrs.define
+class _Replica:
+    endpoint: str
+    api: ReplicaApi | None
+    mark: int = -1  #: highest transaction id it holds after the pre-vote truncation
+    prepared: bool = False
+
+
+class RecoveryFailed(WaltzError):
+    """A replica failed during recovery; the store starts over with a new session."""
+
+    retriable = True
+
+
+class Recovery:
+    """One run of the recovery procedure for one partition and one new session."""
+
+    def __init__(
+        self,
+        partition_id: int,
+        session_id: int,
+        assigned: list[str],
+        states: Mapping[str, ReplicaState],
+        connect: Callable[[str], Awaitable[ReplicaApi | None]],
+        retry_interval: float = 0.1,
+        max_retry_interval: float = 2.0,
+    ) -> None:
+        self.partition_id = partition_id
+        self.session_id = session_id
+        self.assigned = list(assigned)
+        self.states = dict(states)
+        self._connect = connect
+        self._retry = retry_interval
+        self._max_retry = max_retry_interval
+        self.quorum = quorum_of(len(assigned))
+        self.last_vote: VoteResult | None = None
+
+    async def run(self) -> RecoveryResult:
+        replicas = {ep: _Replica(ep, None) for ep in self.assigned}
+        delay = self._retry
+        while True:
+            await self._prepare_reachable(replicas)
+            votes = {r.endpoint: r.mark for r in replicas.values() if r.prepared}
+            result = evaluate(votes, len(self.assigned))
+            self.last_vote = result
+            if not result.decided:
+                if await self._catch_up_towards_decision(replicas):
+                    continue  # something changed: re-evaluate at once
+                log.info("partition %d session %d: %s", self.partition_id, self.session_id, result.reason)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._max_retry)
+                continue
+            assert result.high_water_mark is not None
+            return await self._finish(replicas, result.high_water_mark)
+
+    # --------------------------------------------------------------------------- steps 5.a-5.b
+
+    async def _prepare_reachable(self, replicas: dict[str, _Replica]) -> None:
+        for r in replicas.values():
+            if r.prepared:
+                continue
+            if r.api is None:
+                r.api = await self._connect(r.endpoint)
+                if r.api is None:
+                    continue
+            try:
+                r.mark = await self._prepare(r.endpoint, r.api)
+                r.prepared = True
+            except WaltzError as exc:
+                log.warning("partition %d: replica %s unavailable for recovery: %s", self.partition_id, r.endpoint, exc)
+                r.api = None
+
+    async def _prepare(self, endpoint: str, api: ReplicaApi) -> int:
+        sid, pid = self.session_id, self.partition_id
+        info = await api.last_session_info(sid, pid)
+        max_id = await api.max_transaction_id(sid, pid)
+        state = self.states.get(endpoint, ReplicaState(NO_SESSION, UNRESOLVED))
+        if state.session_id != info.session_id:
+            # Inconsistent with the metadata (restored copy, new replica, missed update): keep only
+            # what the storage itself knows was committed.
+            target = info.low_water_mark
+            reason = f"inconsistent (metadata session {state.session_id}, storage session {info.session_id})"
+        elif state.closing_high_water_mark != UNRESOLVED:
+            target = state.closing_high_water_mark
+            reason = "closing high-water mark already resolved"
+        else:
+            return max_id  # engaged in the last session: proposes its max transaction id
+        if max_id > target:
+            log.info("partition %d: replica %s %s: truncating %d -> %d", pid, endpoint, reason, max_id, target)
+            await api.truncate(sid, pid, target)
+            return target
+        return max_id
+
+    async def _catch_up_towards_decision(self, replicas: dict[str, _Replica]) -> bool:
+        """Copy from the most advanced reachable replica to those behind it; True if any moved."""
+        ready = [r for r in replicas.values() if r.prepared and r.api is not None]
+        if len(ready) < 2:
+            return False
+        source = max(ready, key=lambda r: r.mark)
+        moved = False
+        for r in ready:
+            if r is not source and r.mark < source.mark:
+                try:
+                    r.mark = await self._copy(source, r, source.mark)
+                    moved = True
+                except WaltzError as exc:
+                    log.warning("partition %d: catch-up of %s failed: %s", self.partition_id, r.endpoint, exc)
+                    r.prepared, r.api = False, None
+                    return True
+        return moved
+
+    async def _copy(self, source: _Replica, target: _Replica, upto: int) -> int:
+        """Copy records ``target.mark+1 .. upto`` from ``source``; return the new mark."""
+        assert source.api is not None and target.api is not None
+        sid, pid = self.session_id, self.partition_id
+        mark = target.mark
+        while mark < upto:
+            batch = await source.api.records(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
+            if not batch:
+                raise RecoveryFailed(f"replica {source.endpoint} returned no records after {mark}")
+            await target.api.append(sid, pid, batch)
+            mark = batch[-1].transaction_id
+        return mark
+
+    # --------------------------------------------------------------------------- after the vote
+
+    async def _finish(self, replicas: dict[str, _Replica], hwm: int) -> RecoveryResult:
+        sid, pid = self.session_id, self.partition_id
+        clean: set[str] = set()
+        lagging: dict[str, int] = {}
+        sources = [r for r in replicas.values() if r.prepared and r.api is not None and r.mark >= hwm]
+        for r in replicas.values():
+            if not r.prepared or r.api is None:
+                continue
+            try:
+                if r.mark > hwm:
+                    await r.api.truncate(sid, pid, hwm)  # dirty: never reached a quorum
+                    r.mark = hwm
+                if r.mark == hwm:
+                    await r.api.set_low_water_mark(sid, pid, hwm)
+                    clean.add(r.endpoint)
+                else:
+                    lagging[r.endpoint] = r.mark
+            except WaltzError as exc:
+                log.warning("partition %d: replica %s failed while closing recovery: %s", pid, r.endpoint, exc)
+                r.api = None
+        # Catch up laggards now while fewer than a quorum is clean; the rest catch up in the session.
+        for endpoint in sorted(lagging, key=lambda e: -lagging[e]):
+            if len(clean) >= self.quorum:
+                break
+            r = replicas[endpoint]
+            source = next((s for s in sources if s.endpoint in clean), None)
+            if source is None or r.api is None:
+                continue
+            try:
+                r.mark = await self._copy(source, r, hwm)
+                await r.api.set_low_water_mark(sid, pid, hwm)
+                clean.add(endpoint)
+                del lagging[endpoint]
+            except WaltzError as exc:
+                log.warning("partition %d: catch-up of %s failed: %s", pid, endpoint, exc)
+                del lagging[endpoint]
+        if len(clean) < self.quorum:
+            raise RecoveryFailed(
+                f"partition {pid}: only {len(clean)} replica(s) clean at {hwm}, quorum is {self.quorum}"
+            )
+        return RecoveryResult(hwm, frozenset(clean), lagging, self.new_states(clean, hwm))
+
+    def new_states(self, clean: set[str], hwm: int) -> dict[str, ReplicaState]:
+        """Step 6 of the seed: the replica states written to the partition metadata."""
+        out: dict[str, ReplicaState] = {}
+        for endpoint in self.assigned:
+            old = self.states.get(endpoint)
+            if endpoint in clean:
+                out[endpoint] = ReplicaState(self.session_id, UNRESOLVED)
+            elif old is None:
+                # Never engaged: record where the cluster was, so a later consistent start truncates there.
+                out[endpoint] = ReplicaState(NO_SESSION, hwm)
+            elif old.closing_high_water_mark == UNRESOLVED:
+                out[endpoint] = ReplicaState(old.session_id, hwm)
+            else:
+                out[endpoint] = old
+        return out

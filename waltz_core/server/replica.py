@@ -1,0 +1,32 @@
+"""What the store layer needs from one storage node, whatever carries it.
+
+:class:`ReplicaApi` is the narrow seam between the replicated store (sessions, recovery,
+quorum) and the storage client. Every call carries the store session id: the storage node
+adopts a higher session id and rejects lower ones from then on (fencing). Calls raise
+:mod:`waltz_core.errors` classes; any of them makes the store treat the replica as failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..protocol.wire import Record, RecordHeader, SessionInfo
+
+
+class ReplicaApi(Protocol):
+    endpoint: str  #: "host:port" of the storage node (the replica id of the metadata)
+
+    async def last_session_info(self, session_id: int, partition_id: int) -> SessionInfo: ...
+
+    async def max_transaction_id(self, session_id: int, partition_id: int) -> int: ...
+
+    async def truncate(self, session_id: int, partition_id: int, transaction_id: int) -> None: ...
+
+    async def set_low_water_mark(self, session_id: int, partition_id: int, low_water_mark: int) -> None: ...
+
+    async def append(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None: ...
+
+    async def record_headers(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[RecordHeader]: ...
+
+    async def records(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[Record]: ...

@@ -1,0 +1,420 @@
+"""The replicated store of one partition: store sessions, replica sessions, quorum commit.
+
+A *store session* has a session id taken from the partition metadata by compare-and-set, runs
+recovery (:mod:`.recovery`) and then streams appends to every replica of the partition through
+one *replica session* each. Each replica session sends everything appended since its last
+acknowledgement in one storage append (adaptive group commit: one round trip and one fdatasync
+per batch on the storage, no fixed wait), so batches grow exactly when load does. A transaction
+commits when a majority of replicas acknowledged it; commits are reported to the partition in
+transaction-id order.
+
+A replica that fails leaves the session, and the store starts a new session with recovery (the
+seed: no rejoin; pending appends are resolved by the recovery's high-water mark). A replica that
+is behind when the session starts catches up inside the session, reading from a peer what the
+session no longer buffers, and is recorded as engaged once it reached the session's start.
+Every ``checkpoint_interval`` transactions the store rolls over to a new session after draining,
+which bounds the work of a later recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from ..config import ServerConfig
+from ..errors import GenerationMismatchError, PartitionNotReadyError, WaltzError
+from ..protocol.wire import Record, RecordHeader, ReqId
+from .recovery import Recovery, ReplicaState
+from .replica import ReplicaApi
+from .vote import quorum_of
+
+log = logging.getLogger("waltz.server.store")
+
+
+class MetadataAccess(Protocol):
+    """Partition metadata operations the store needs (backed by the coordination recipes)."""
+
+    async def begin_session(self, partition_id: int, generation: int) -> tuple[int, dict[str, ReplicaState], list[str]]:
+        """Take a new session id by CAS; return it, the replica states and the assigned replicas.
+
+        Raises GenerationMismatchError when the metadata carries a newer generation (we are stale).
+        """
+
+    async def write_states(self, partition_id: int, generation: int, session_id: int,
+                           states: Mapping[str, ReplicaState]) -> None:
+        """Update the given replica states (others unchanged) by CAS, only while ``session_id`` is
+        still the partition's session (GenerationMismatchError when stale, CasConflictError when
+        another session was started meanwhile)."""
+
+
+class StoreSink(Protocol):
+    def on_committed(self, high_water_mark: int) -> None: ...
+
+    def on_session_reset(self, high_water_mark: int) -> None: ...
+
+
+ReplicaConnector = Callable[[str], Awaitable[ReplicaApi | None]]
+
+#: Seconds between attempts to reach replicas that are not in the current session.
+PROBE_INTERVAL = 1.0
+
+#: Committed records a session keeps buffered for slow replicas before they must read from peers.
+BUFFER_LIMIT = 20_000
+
+
+class _ReplicaSession:
+    """Streams the session's records to one storage replica."""
+
+    def __init__(self, session: StoreSession, endpoint: str, api: ReplicaApi, start_mark: int, clean: bool) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        self.api = api
+        self.acked = start_mark  #: highest transaction id this replica holds
+        self.clean = clean  #: at or beyond the session's start with its low-water mark set
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        s = self.session
+        sid, pid = s.session_id, s.partition_id
+        max_batch = s.config.max_batch_size
+        try:
+            while True:
+                if not self.clean and self.acked == s.start_high_water_mark:
+                    # Caught up to the session start: join it (seed step 6 for a late replica).
+                    await self.api.set_low_water_mark(sid, pid, s.start_high_water_mark)
+                    self.clean = True
+                    s.replica_joined(self.endpoint)
+                cursor = self.acked + 1
+                if cursor > s.last_assigned:
+                    await s.wait_for_records(cursor)
+                    continue
+                batch = s.buffered(cursor, max_batch)
+                if batch is None:
+                    # Older than the session's buffer (behind, or fell behind): copy from a peer.
+                    limit = min(max_batch * 5, s.buffer_first - cursor)
+                    if not self.clean:
+                        limit = min(limit, s.start_high_water_mark - self.acked)
+                    batch = await s.read_from_peer(self, cursor, limit)
+                await self.api.append(sid, pid, batch)
+                self.acked = batch[-1].transaction_id
+                s.on_ack()
+        except asyncio.CancelledError:
+            raise
+        except WaltzError as exc:
+            s.replica_failed(self, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug in one replica session must reset the session, not hang it
+            log.exception("partition %d: replica session %s crashed", pid, self.endpoint)
+            s.replica_failed(self, exc)
+
+
+class StoreSession:
+    """One store session of one partition."""
+
+    def __init__(self, store: ReplicatedStore, session_id: int, start_hwm: int, assigned: list[str]) -> None:
+        self.store = store
+        self.partition_id = store.partition_id
+        self.config = store.config
+        self.session_id = session_id
+        self.start_high_water_mark = start_hwm
+        self.assigned = list(assigned)
+        self.quorum = quorum_of(len(assigned))
+        self.committed = start_hwm
+        self.last_assigned = start_hwm
+        self.replicas: dict[str, _ReplicaSession] = {}
+        self._buffer: deque[Record] = deque()  # records after buffer_first - 1, in order
+        self.buffer_first = start_hwm + 1
+        self._records_event = asyncio.Event()
+        self._broken: BaseException | None = None
+        self.rolling_over = False  #: draining before a checkpoint rollover to a new session
+
+    # ----------------------------------------------------------------------------- appending
+
+    def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
+        txn = self.last_assigned + 1
+        self.last_assigned = txn
+        self._buffer.append(Record(txn, req_id, header, data, checksum))
+        ev = self._records_event
+        if not ev.is_set():
+            ev.set()
+        return txn
+
+    async def wait_for_records(self, cursor: int) -> None:
+        while self.last_assigned < cursor:
+            self._records_event.clear()
+            await self._records_event.wait()
+
+    def buffered(self, first: int, max_count: int) -> list[Record] | None:
+        start = first - self.buffer_first
+        if start < 0:
+            return None
+        buf = self._buffer
+        end = min(len(buf), start + max_count)
+        return [buf[i] for i in range(start, end)]
+
+    async def read_from_peer(self, reader: _ReplicaSession, first: int, max_count: int) -> list[Record]:
+        for peer in self.replicas.values():
+            if peer is not reader and peer.clean and peer.acked >= first:
+                records = await peer.api.records(self.session_id, self.partition_id, first, max_count)
+                if records:
+                    return records
+        raise PartitionNotReadyError(f"partition {self.partition_id}: no replica can serve records from {first}")
+
+    # ------------------------------------------------------------------------------- commits
+
+    def on_ack(self) -> None:
+        acks = sorted((r.acked for r in self.replicas.values() if r.clean), reverse=True)
+        if len(acks) < self.quorum:
+            return
+        candidate = acks[self.quorum - 1]
+        if candidate > self.committed:
+            self.committed = candidate
+            self._trim()
+            self.store.session_committed(self, candidate)
+
+    def _trim(self) -> None:
+        # Keep records a streaming replica still needs, up to a bound: a replica further behind
+        # is "falling behind" and catches up from its peers instead (seed: Store Partition Object).
+        low = min((r.acked for r in self.replicas.values() if r.clean), default=self.committed)
+        low = max(low, self.committed - BUFFER_LIMIT)
+        buf = self._buffer
+        while buf and buf[0].transaction_id <= low:
+            buf.popleft()
+            self.buffer_first += 1
+
+    def replica_joined(self, endpoint: str) -> None:
+        self.store.replica_joined(self, endpoint)
+
+    def replica_failed(self, replica: _ReplicaSession, exc: BaseException) -> None:
+        log.warning("partition %d session %d: replica %s left the session: %s",
+                    self.partition_id, self.session_id, replica.endpoint, exc)
+        if self._broken is None:
+            self._broken = exc
+            self.store.session_broken(self, exc)
+
+    async def stop(self) -> None:
+        tasks = [r.task for r in self.replicas.values() if r.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+
+class ReplicatedStore:
+    """Implements the partition's ``Store`` protocol over store sessions."""
+
+    def __init__(self, partition_id: int, generation: int, metadata: MetadataAccess, connect: ReplicaConnector,
+                 config: ServerConfig) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.metadata = metadata
+        self._connect = connect
+        self.config = config
+        self.high_water_mark = -1
+        self.session: StoreSession | None = None
+        self._sink: StoreSink | None = None
+        self._changed = asyncio.Event()
+        self._epoch = 0  # bumped on every session reset: flush() waiters stop waiting then
+        self._supervisor: asyncio.Task[None] | None = None
+        self._restart = asyncio.Event()
+        self._closed = False
+        self._window = max(4 * config.max_batch_size, 64)
+        self.sessions_started = 0
+        self.last_error: str = ""
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    async def open(self, sink: StoreSink) -> int:
+        self._sink = sink
+        await self._start_session_with_retry()
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name=f"store-p{self.partition_id}")
+        return self.high_water_mark
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+        if self.session is not None:
+            await self.session.stop()
+            self.session = None
+        self._notify()
+
+    async def _supervise(self) -> None:
+        while not self._closed:
+            try:
+                await asyncio.wait_for(self._restart.wait(), PROBE_INTERVAL)
+            except TimeoutError:
+                await self._probe_missing_replicas()
+                continue
+            self._restart.clear()
+            old = self.session
+            self.session = None
+            if old is not None:
+                await old.stop()
+            try:
+                await self._start_session_with_retry()
+            except GenerationMismatchError as exc:
+                log.warning("partition %d: %s; giving the partition up", self.partition_id, exc)
+                self.last_error = str(exc)
+                return
+
+    async def _probe_missing_replicas(self) -> None:
+        """A replica outside the session that is reachable again gets in through a new session
+        (no rejoin of a running session): drain, then roll over, as for a checkpoint."""
+        s = self.session
+        if s is None or s.broken or s.rolling_over:
+            return
+        for endpoint in s.assigned:
+            if endpoint not in s.replicas and await self._connect(endpoint) is not None:
+                log.info("partition %d: replica %s is reachable again; rolling over to a new session",
+                         self.partition_id, endpoint)
+                s.rolling_over = True
+                if s.last_assigned == s.committed:
+                    self._restart.set()
+                self._notify()
+                return
+
+    async def _start_session_with_retry(self) -> None:
+        delay = self.config.initial_retry_interval
+        while not self._closed:
+            try:
+                await self._start_session()
+                self.last_error = ""
+                return
+            except GenerationMismatchError:
+                raise
+            except WaltzError as exc:
+                self.last_error = str(exc)
+                log.warning("partition %d: store session failed to start: %s (retry in %.1fs)", self.partition_id, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.max_retry_interval)
+
+    async def _start_session(self) -> None:
+        pid = self.partition_id
+        session_id, states, assigned = await self.metadata.begin_session(pid, self.generation)
+        if not assigned:
+            raise PartitionNotReadyError(f"partition {pid} has no replicas assigned")
+        recovery = Recovery(pid, session_id, assigned, states, self._connect,
+                            self.config.initial_retry_interval, min(self.config.max_retry_interval, 2.0))
+        result = await recovery.run()
+        await self.metadata.write_states(pid, self.generation, session_id, result.replica_states)
+        session = StoreSession(self, session_id, result.high_water_mark, assigned)
+        for endpoint in assigned:
+            api = await self._connect(endpoint) if endpoint in result.clean or endpoint in result.lagging else None
+            if api is None:
+                continue
+            clean = endpoint in result.clean
+            mark = result.high_water_mark if clean else result.lagging[endpoint]
+            rs = _ReplicaSession(session, endpoint, api, mark, clean)
+            session.replicas[endpoint] = rs
+        for rs in session.replicas.values():
+            rs.task = asyncio.get_running_loop().create_task(rs.run(), name=f"replica-p{pid}-{rs.endpoint}")
+        self.high_water_mark = result.high_water_mark
+        self.session = session
+        self.sessions_started += 1
+        self._epoch += 1
+        log.info("partition %d: session %d open at high-water mark %d (clean %s, lagging %s)", pid, session_id,
+                 result.high_water_mark, sorted(result.clean), sorted(result.lagging))
+        if self.sessions_started > 1 and self._sink is not None:
+            self._sink.on_session_reset(result.high_water_mark)
+        self._notify()
+
+    # ---------------------------------------------------------------------- session events
+
+    def session_committed(self, session: StoreSession, hwm: int) -> None:
+        if session is not self.session:
+            return
+        self.high_water_mark = hwm
+        assert self._sink is not None
+        self._sink.on_committed(hwm)
+        if hwm - session.start_high_water_mark >= self.config.checkpoint_interval and not session.rolling_over:
+            # Drain (wait_writable holds new appends back), then roll over to a new session.
+            log.info("partition %d: checkpoint interval reached; rolling over to a new session", self.partition_id)
+            session.rolling_over = True
+        if session.rolling_over and session.last_assigned == hwm:
+            self._restart.set()
+        self._notify()
+
+    def session_broken(self, session: StoreSession, exc: BaseException) -> None:
+        if session is self.session and not self._closed:
+            self._restart.set()
+            self._notify()
+
+    def replica_joined(self, session: StoreSession, endpoint: str) -> None:
+        if session is not self.session:
+            return
+        states = {ep: ReplicaState(session.session_id, -(2**63)) for ep, r in session.replicas.items() if r.clean}
+
+        async def record() -> None:
+            try:
+                await self.metadata.write_states(self.partition_id, self.generation, session.session_id, states)
+            except WaltzError as exc:  # the next recovery treats it as inconsistent: safe
+                log.info("partition %d: could not record %s as engaged: %s", self.partition_id, endpoint, exc)
+
+        asyncio.get_running_loop().create_task(record())
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------- the Store protocol
+
+    def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
+        session = self.session
+        if session is None or session.broken:
+            raise PartitionNotReadyError(f"partition {self.partition_id}: no store session")
+        return session.append(req_id, header, data, checksum)
+
+    async def wait_writable(self) -> None:
+        while not self._closed:
+            s = self.session
+            if s is not None and not s.broken and not s.rolling_over and s.last_assigned - s.committed < self._window:
+                return
+            await self._changed.wait()
+        raise PartitionNotReadyError(f"partition {self.partition_id} is closed")
+
+    async def flush(self) -> None:
+        s = self.session
+        if s is None:
+            await self.wait_writable()
+            return
+        target, epoch = s.last_assigned, self._epoch
+        while not self._closed and self._epoch == epoch and self.high_water_mark < target:
+            await self._changed.wait()
+
+    def _read_replicas(self, needed: int) -> list[_ReplicaSession]:
+        s = self.session
+        if s is None:
+            return []
+        return [r for r in s.replicas.values() if r.clean and r.acked >= needed]
+
+    async def read_headers(self, first: int, max_count: int) -> list[RecordHeader]:
+        return await self._read(first, lambda r, sid: r.api.record_headers(sid, self.partition_id, first, max_count))
+
+    async def read_record(self, transaction_id: int) -> Record | None:
+        records = await self._read(transaction_id, lambda r, sid: r.api.records(sid, self.partition_id, transaction_id, 1))
+        return records[0] if records else None
+
+    async def _read(self, needed: int, call: Callable[[_ReplicaSession, int], Awaitable[list]]) -> list:  # type: ignore[type-arg]
+        last: Exception | None = None
+        for _ in range(3):
+            s = self.session
+            for r in self._read_replicas(needed):
+                try:
+                    assert s is not None
+                    return await call(r, s.session_id)
+                except WaltzError as exc:
+                    last = exc
+            await self.wait_writable()
+        raise PartitionNotReadyError(f"partition {self.partition_id}: no replica could serve transaction {needed}: {last}")
+
+    @property
+    def healthy(self) -> bool:
+        s = self.session
+        return s is not None and not s.broken

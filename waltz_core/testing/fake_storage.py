@@ -1,0 +1,142 @@
+"""In-memory stand-ins for storage nodes and partition metadata, for testing the store layer.
+
+:class:`FakeReplica` follows the storage node's request semantics (session fencing, in-order
+appends, truncate, low-water marks) without files or sockets, and can be taken down, brought
+back and slowed down. :class:`MemoryMetadata` keeps partition metadata with the same CAS rules
+as the coordination recipes. Both are for tests of :mod:`waltz_core.server`; the real storage
+node has its own tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from ..errors import (
+    CasConflictError,
+    ConnectionClosedError,
+    GenerationMismatchError,
+    OutOfOrderAppendError,
+    StaleSessionError,
+)
+from ..protocol.wire import Record, RecordHeader, SessionInfo
+from ..server.recovery import ReplicaState
+
+
+@attrs.define
+class _FakePartition:
+    records: list[Record] = attrs.Factory(list)
+    max_session_seen: int = -1
+    info: SessionInfo = SessionInfo(-1, -1, -1)
+
+    @property
+    def max_id(self) -> int:
+        return self.records[-1].transaction_id if self.records else -1
+
+
+class FakeReplica:
+    """One storage node holding any number of partitions in memory."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.partitions: dict[int, _FakePartition] = {}
+        self.down = False
+        self.delay = 0.0
+        self.appends = 0
+
+    def _p(self, session_id: int, partition_id: int) -> _FakePartition:
+        if self.down:
+            raise ConnectionClosedError(f"storage {self.endpoint} is down")
+        p = self.partitions.setdefault(partition_id, _FakePartition())
+        if session_id < p.max_session_seen:
+            raise StaleSessionError(f"session {session_id} is older than {p.max_session_seen}")
+        p.max_session_seen = session_id
+        return p
+
+    async def _io(self) -> None:
+        await asyncio.sleep(self.delay)
+        if self.down:
+            raise ConnectionClosedError(f"storage {self.endpoint} is down")
+
+    async def last_session_info(self, session_id: int, partition_id: int) -> SessionInfo:
+        await self._io()
+        return self._p(session_id, partition_id).info
+
+    async def max_transaction_id(self, session_id: int, partition_id: int) -> int:
+        await self._io()
+        return self._p(session_id, partition_id).max_id
+
+    async def truncate(self, session_id: int, partition_id: int, transaction_id: int) -> None:
+        await self._io()
+        p = self._p(session_id, partition_id)
+        p.records = [r for r in p.records if r.transaction_id <= transaction_id]
+
+    async def set_low_water_mark(self, session_id: int, partition_id: int, low_water_mark: int) -> None:
+        await self._io()
+        p = self._p(session_id, partition_id)
+        p.info = SessionInfo(session_id, low_water_mark, p.max_id)
+
+    async def append(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None:
+        await self._io()
+        p = self._p(session_id, partition_id)
+        if records and records[0].transaction_id != p.max_id + 1:
+            raise OutOfOrderAppendError(f"append of {records[0].transaction_id} after {p.max_id}")
+        p.records.extend(records)
+        self.appends += 1
+
+    async def record_headers(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[RecordHeader]:
+        recs = await self.records(session_id, partition_id, first, max_records)
+        return [RecordHeader(r.transaction_id, r.req_id, r.header) for r in recs]
+
+    async def records(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[Record]:
+        await self._io()
+        p = self._p(session_id, partition_id)
+        return [r for r in p.records if first <= r.transaction_id < first + max_records]
+
+    def log(self, partition_id: int) -> list[Record]:
+        p = self.partitions.get(partition_id)
+        return list(p.records) if p else []
+
+
+@attrs.define
+class _Meta:
+    generation: int = 0
+    session_id: int = -1
+    replicas: dict[str, ReplicaState] = attrs.Factory(dict)
+
+
+class MemoryMetadata:
+    """Partition metadata with CAS semantics, implementing the store's ``MetadataAccess``."""
+
+    def __init__(self, assignments: Mapping[int, list[str]]) -> None:
+        self.assignments = {pid: list(eps) for pid, eps in assignments.items()}
+        self.meta: dict[int, _Meta] = {}
+
+    async def begin_session(self, partition_id: int, generation: int) -> tuple[int, dict[str, ReplicaState], list[str]]:
+        m = self.meta.setdefault(partition_id, _Meta())
+        if m.generation > generation:
+            raise GenerationMismatchError(f"partition {partition_id} is at generation {m.generation}, not {generation}")
+        m.generation = generation
+        m.session_id += 1
+        return m.session_id, dict(m.replicas), list(self.assignments.get(partition_id, []))
+
+    async def write_states(self, partition_id: int, generation: int, session_id: int,
+                           states: Mapping[str, ReplicaState]) -> None:
+        m = self.meta[partition_id]
+        if m.generation > generation:
+            raise GenerationMismatchError(f"partition {partition_id} is at generation {m.generation}")
+        if m.session_id != session_id:
+            raise CasConflictError(f"partition {partition_id} is in session {m.session_id}, not {session_id}")
+        m.replicas.update(states)
+
+
+def connector(replicas: Mapping[str, FakeReplica]):  # type: ignore[no-untyped-def]
+    """A ReplicaConnector over fake replicas: None while a replica is down."""
+
+    async def connect(endpoint: str) -> FakeReplica | None:
+        r = replicas.get(endpoint)
+        return None if r is None or r.down else r
+
+    return connect
