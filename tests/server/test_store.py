@@ -8,7 +8,8 @@ import pytest
 
 from waltz_core.config import ServerConfig
 from waltz_core.protocol.wire import Record, ReqId, crc32
-from waltz_core.server.recovery import UNRESOLVED, Recovery, ReplicaState
+from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
+from waltz_core.server.recovery import Recovery
 from waltz_core.server.store import ReplicatedStore
 from waltz_core.testing.fake_storage import FakeReplica, MemoryMetadata, connector
 

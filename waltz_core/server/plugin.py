@@ -1,3 +1,112 @@
-"""Built-in plugin for the server package: registers its backends and CLI commands (filled as the package grows)."""
+"""Built-in plugin of the server package: the ``waltz server`` commands."""
 
 from __future__ import annotations
+
+import click
+
+from ..hookspecs import hookimpl
+
+
+@click.group("server")
+def server_group() -> None:
+    """Run a Waltz server and talk to running ones."""
+
+
+@server_group.command("start")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="server.toml (see `waltz config schema server`).")
+@click.option("--port", type=int, help="Override server.port.")
+@click.option("--http-port", type=int, help="Override http.port (0 disables HTTP).")
+def start(config_path: str | None, port: int | None, http_port: int | None) -> None:
+    """Start a server in the foreground; Ctrl-C / SIGTERM stops it cleanly."""
+    import asyncio
+    import signal
+
+    from ..config import ServerProcessConfig, load
+    from .server import run_server
+
+    overrides: dict[str, dict[str, object]] = {}
+    if port is not None:
+        overrides.setdefault("server", {})["port"] = port
+    if http_port is not None:
+        overrides.setdefault("http", {})["port"] = http_port
+    config = load(ServerProcessConfig, config_path, overrides=overrides)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_server(config, stop)
+
+    asyncio.run(main())
+
+
+def _admin_call(server: str, config_path: str | None, call: str, *args: object) -> object:
+    import asyncio
+
+    from ..config import CliConfig, load
+    from ..transport import open_transport
+    from .admin_client import ServerAdminClient
+
+    config = load(CliConfig, config_path)
+
+    async def run() -> object:
+        transport = open_transport(config.transport)
+        client = await ServerAdminClient.connect(transport, server)
+        try:
+            return await getattr(client, call)(*args)
+        finally:
+            await client.close()
+            await transport.aclose()
+
+    return asyncio.run(run())
+
+
+@server_group.command("add-preferred-partition")
+@click.option("-s", "--server", required=True, help="Server address host:port.")
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
+def add_preferred(server: str, partitions: str, config_path: str | None) -> None:
+    """Ask a server to prefer partitions (the cluster manager assigns them to it first)."""
+    from ..coordination.metadata import parse_partition_ranges
+
+    ok = _admin_call(server, config_path, "add_preferred_partitions", parse_partition_ranges(partitions))
+    click.echo("preferred partitions added" if ok else "refused: a partition id is out of range")
+    if not ok:
+        raise SystemExit(1)
+
+
+@server_group.command("remove-preferred-partition")
+@click.option("-s", "--server", required=True, help="Server address host:port.")
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
+def remove_preferred(server: str, partitions: str, config_path: str | None) -> None:
+    """Remove partitions from a server's preferred list."""
+    from ..coordination.metadata import parse_partition_ranges
+
+    ok = _admin_call(server, config_path, "remove_preferred_partitions", parse_partition_ranges(partitions))
+    click.echo("preferred partitions removed" if ok else "refused: a partition id is out of range")
+    if not ok:
+        raise SystemExit(1)
+
+
+@server_group.command("partitions")
+@click.option("-s", "--server", required=True, help="Server address host:port.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
+def partitions(server: str, config_path: str | None) -> None:
+    """Show the partitions a server owns and whether each is healthy."""
+    from rich.console import Console
+    from rich.table import Table
+
+    health = _admin_call(server, config_path, "partition_health")
+    table = Table(title=f"partitions of {server}", title_justify="left")
+    table.add_column("partition", justify="right")
+    table.add_column("healthy")
+    for pid, ok in sorted(health.items()):  # type: ignore[attr-defined]
+        table.add_row(str(pid), "yes" if ok else "NO")
+    Console().print(table)
+
+
+@hookimpl
+def waltz_add_commands(cli: click.Group) -> None:
+    cli.add_command(server_group)

@@ -25,24 +25,17 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 
+from ..coordination.metadata import UNRESOLVED, ReplicaState
 from ..errors import WaltzError
 from .replica import ReplicaApi
 from .vote import VoteResult, evaluate, quorum_of
 
 log = logging.getLogger("waltz.server.recovery")
 
-#: Closing high-water mark of a replica engaged in the current session (original: Long.MIN_VALUE).
-UNRESOLVED = -(2**63)
 #: Session id of a replica state that was never written (a replica new to the metadata).
 NO_SESSION = -1
 
 CATCH_UP_BATCH = 500
-
-
-@attrs.frozen(slots=True)
-class ReplicaState:
-    session_id: int
-    closing_high_water_mark: int
 
 
 @attrs.frozen
@@ -170,7 +163,7 @@ class Recovery:
         sid, pid = self.session_id, self.partition_id
         mark = target.mark
         while mark < upto:
-            batch = await source.api.records(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
+            batch = await source.api.record_list(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
             if not batch:
                 raise RecoveryFailed(f"replica {source.endpoint} returned no records after {mark}")
             await target.api.append(sid, pid, batch)

@@ -27,7 +27,8 @@ from typing import Protocol
 from ..config import ServerConfig
 from ..errors import GenerationMismatchError, PartitionNotReadyError, WaltzError
 from ..protocol.wire import Record, RecordHeader, ReqId
-from .recovery import Recovery, ReplicaState
+from ..coordination.metadata import UNRESOLVED, ReplicaState
+from .recovery import Recovery
 from .replica import ReplicaApi
 from .vote import quorum_of
 
@@ -157,7 +158,7 @@ class StoreSession:
     async def read_from_peer(self, reader: _ReplicaSession, first: int, max_count: int) -> list[Record]:
         for peer in self.replicas.values():
             if peer is not reader and peer.clean and peer.acked >= first:
-                records = await peer.api.records(self.session_id, self.partition_id, first, max_count)
+                records = await peer.api.record_list(self.session_id, self.partition_id, first, max_count)
                 if records:
                     return records
         raise PartitionNotReadyError(f"partition {self.partition_id}: no replica can serve records from {first}")
@@ -349,7 +350,7 @@ class ReplicatedStore:
     def replica_joined(self, session: StoreSession, endpoint: str) -> None:
         if session is not self.session:
             return
-        states = {ep: ReplicaState(session.session_id, -(2**63)) for ep, r in session.replicas.items() if r.clean}
+        states = {ep: ReplicaState(session.session_id, UNRESOLVED) for ep, r in session.replicas.items() if r.clean}
 
         async def record() -> None:
             try:
@@ -395,10 +396,10 @@ class ReplicatedStore:
         return [r for r in s.replicas.values() if r.clean and r.acked >= needed]
 
     async def read_headers(self, first: int, max_count: int) -> list[RecordHeader]:
-        return await self._read(first, lambda r, sid: r.api.record_headers(sid, self.partition_id, first, max_count))
+        return await self._read(first, lambda r, sid: r.api.record_header_list(sid, self.partition_id, first, max_count))
 
     async def read_record(self, transaction_id: int) -> Record | None:
-        records = await self._read(transaction_id, lambda r, sid: r.api.records(sid, self.partition_id, transaction_id, 1))
+        records = await self._read(transaction_id, lambda r, sid: r.api.record_list(sid, self.partition_id, transaction_id, 1))
         return records[0] if records else None
 
     async def _read(self, needed: int, call: Callable[[_ReplicaSession, int], Awaitable[list]]) -> list:  # type: ignore[type-arg]

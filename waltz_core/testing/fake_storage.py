@@ -22,7 +22,7 @@ from ..errors import (
     StaleSessionError,
 )
 from ..protocol.wire import Record, RecordHeader, SessionInfo
-from ..server.recovery import ReplicaState
+from ..coordination.metadata import ReplicaState
 
 
 @attrs.define
@@ -86,11 +86,11 @@ class FakeReplica:
         p.records.extend(records)
         self.appends += 1
 
-    async def record_headers(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[RecordHeader]:
-        recs = await self.records(session_id, partition_id, first, max_records)
+    async def record_header_list(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[RecordHeader]:
+        recs = await self.record_list(session_id, partition_id, first, max_records)
         return [RecordHeader(r.transaction_id, r.req_id, r.header) for r in recs]
 
-    async def records(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[Record]:
+    async def record_list(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[Record]:
         await self._io()
         p = self._p(session_id, partition_id)
         return [r for r in p.records if first <= r.transaction_id < first + max_records]

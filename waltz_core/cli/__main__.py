@@ -1,0 +1,5 @@
+"""``python -m waltz_core.cli``: the same as the ``waltz`` command."""
+
+from .main import main
+
+main()

@@ -1,0 +1,295 @@
+"""The Waltz server process (seed 000): client connections, partitions, cluster membership.
+
+Backends are resolved by name once, at start (transport, coordination, lock table); nothing on
+the per-transaction path goes through a hook. Each client connection is read by one task that
+decodes messages and hands them to their partition; a full partition queue stops that read
+(back pressure to the client's socket). Bytes that do not decode close that connection only.
+Partitions open and close as the cluster manager's assignment changes; a new generation of a
+partition this server already owns replaces the old object (its pending appends fail, the
+clients re-mount).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import attrs
+
+from ..config import ServerProcessConfig
+from ..coordination import open_coordination
+from ..coordination.metadata import ServerDescriptor
+from ..coordination.recipes import ClusterManager, ServerAssignment, StoreMetadata
+from ..errors import ConnectionClosedError, ProtocolError, TransportError, WaltzError
+from ..http import HttpEndpoint
+from ..metrics import MetricsRegistry
+from ..plugins import Registries, core_version, default_plugin_manager, default_registries
+from ..protocol import CLIENT
+from ..protocol import client as m
+from ..transport import MessageChannel, open_transport
+from ..transport.base import Connection, Listener
+from .glue import CoordinationMetadata, StorageConnector
+from .link import ClientLink
+from .partition import Partition
+from .store import ReplicatedStore
+
+log = logging.getLogger("waltz.server")
+
+_ADMIN_REQUESTS = (
+    m.CheckStorageConnectivityRequest, m.ServerPartitionsAssignmentRequest, m.AddPreferredPartitionRequest,
+    m.RemovePreferredPartitionRequest, m.ServerPartitionsHealthStatRequest,
+)
+
+
+class WaltzServer:
+    def __init__(self, config: ServerProcessConfig, registries: Registries | None = None) -> None:
+        self.config = config
+        self.registries = registries or default_registries()
+        self.partitions: dict[int, Partition] = {}
+        self.metrics = MetricsRegistry("waltz_server")
+        self.name = "waltz-server"
+        self._listener: Listener | None = None
+        self._http: HttpEndpoint | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._links: set[ClientLink] = set()
+        self._assignment_lock = asyncio.Lock()
+        self._closed = False
+        lock_info = self.registries.resolve("lock_table", config.server.lock_table)
+        self._lock_info = lock_info
+        self._lock_options = _lock_options(lock_info.config_cls, config)
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        if cfg.server.min_fetch_size >= cfg.server.realtime_threshold:
+            from ..errors import ConfigError
+
+            raise ConfigError("server.min_fetch_size must be below server.realtime_threshold")
+        self.transport = open_transport(cfg.transport, self.registries)
+        self.coordination = open_coordination(cfg.coordination, self.registries)
+        await self.coordination.start()
+        self.store_metadata = StoreMetadata(self.coordination, cfg.coordination.root)
+        params = await self.store_metadata.get_store_params()
+        self.num_partitions = params.num_partitions
+        self.connector = StorageConnector(self.transport, params.cluster_key, params.num_partitions,
+                                          f"{self.name} {core_version()}", cfg.transport.connect_timeout)
+        self._metadata = CoordinationMetadata(self.store_metadata)
+        self._listener = await self.transport.listen(cfg.server.host, cfg.server.port, self._serve)
+        self.address = self._listener.address
+        host, _, port = self.address.rpartition(":")
+        self.cluster = ClusterManager(
+            self.coordination, cfg.coordination.root,
+            ServerDescriptor(server_id=-1, host=host, port=int(port), preferred_partitions=tuple(cfg.server.preferred_partitions)),
+            on_assignment=self._on_assignment,
+        )
+        await self.cluster.start()
+        self.name = f"waltz-server-{self.cluster.server_id}"
+        self._register_metrics()
+        if cfg.http.port:
+            self._http = HttpEndpoint(service_name="waltz-server", version=core_version(), metrics=self.metrics,
+                                      health=self.health)
+            await self._http.start(cfg.http.host, cfg.http.port)
+        if self.transport.name == "tcp" and not _tls_enabled(cfg):
+            log.warning("server %s: client and storage links are not encrypted (development mode)", self.address)
+        log.info("%s listening on %s (transport %s, coordination %s)", self.name, self.address,
+                 cfg.transport.name, cfg.coordination.name)
+        default_plugin_manager().hook.waltz_process_started(kind="server", name=self.name, address=self.address)
+
+    async def stop(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        default_plugin_manager().hook.waltz_process_stopping(kind="server", name=self.name)
+        await self.cluster.close()
+        if self._listener is not None:
+            await self._listener.close()
+        for link in list(self._links):
+            await link.close()
+        await asyncio.gather(*(self._close_partition(pid) for pid in list(self.partitions)), return_exceptions=True)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.connector.close()
+        if self._http is not None:
+            await self._http.close()
+        await self.coordination.close()
+        await self.transport.aclose()
+
+    @property
+    def http_address(self) -> str | None:
+        return self._http.address if self._http is not None else None
+
+    # --------------------------------------------------------------------- partition ownership
+
+    async def _on_assignment(self, assignment: ServerAssignment) -> None:
+        async with self._assignment_lock:
+            wanted = dict(assignment.partitions)
+            for pid in list(self.partitions):
+                if wanted.get(pid) != self.partitions[pid].generation:
+                    await self._close_partition(pid)
+            for pid, generation in wanted.items():
+                if pid not in self.partitions and not self._closed:
+                    self._open_partition(pid, generation)
+
+    def _open_partition(self, pid: int, generation: int) -> None:
+        store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server)
+        lock_info, options = self._lock_info, self._lock_options
+        partition = Partition(pid, generation, store, lambda hwm: lock_info.factory(options, hwm), self.config.server)
+        self.partitions[pid] = partition
+        log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
+
+        async def run() -> None:
+            try:
+                await partition.open()
+            except WaltzError as exc:
+                log.warning("%s: partition %d could not open: %s", self.name, pid, exc)
+                return
+            log.info("%s: partition %d ready at high-water mark %d", self.name, pid, partition.high_water_mark)
+            default_plugin_manager().hook.waltz_partition_opened(
+                server_name=self.name, partition_id=pid, high_water_mark=partition.high_water_mark)
+
+        self._spawn(run())
+
+    async def _close_partition(self, pid: int) -> None:
+        partition = self.partitions.pop(pid, None)
+        if partition is None:
+            return
+        await partition.close()
+        self.metrics.remove({"partition": str(pid)})
+        log.info("%s: closed partition %d", self.name, pid)
+        default_plugin_manager().hook.waltz_partition_closed(server_name=self.name, partition_id=pid)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------------- connections
+
+    async def _serve(self, conn: Connection) -> None:
+        try:
+            channel = await MessageChannel.open(conn, CLIENT, f"{self.name} {core_version()}")
+        except WaltzError as exc:
+            log.warning("%s: handshake with %s failed: %s", self.name, conn.peer, exc)
+            await conn.close()
+            return
+        link = ClientLink(channel)
+        self._links.add(link)
+        partitions = self.partitions
+        try:
+            while True:
+                msg = await channel.recv()
+                t = type(msg)
+                if t in _ADMIN_REQUESTS:
+                    self._spawn(self._admin(msg, link))
+                    continue
+                partition = partitions.get(msg.req_id.partition_id)
+                if partition is not None:
+                    await partition.submit(msg, link)
+                elif t is m.MountRequest:
+                    link.post(m.MountResponse(msg.req_id, m.PartitionState.NOT_READY))
+                elif t is m.TransactionDataRequest:
+                    link.post(m.TransactionDataResponse(msg.req_id, msg.transaction_id, None, 0,
+                                                        f"partition {msg.req_id.partition_id} is not on this server"))
+                elif t is m.HighWaterMarkRequest:
+                    link.post(m.HighWaterMarkResponse(msg.req_id, -2))  # -2: partition not here
+                # appends, flushes, feed requests for partitions we do not own are dropped (original)
+        except ConnectionClosedError:
+            pass
+        except ProtocolError as exc:
+            log.warning("%s: closing connection from %s: %s", self.name, link.peer, exc)
+        except TransportError as exc:
+            log.info("%s: connection from %s failed: %s", self.name, link.peer, exc)
+        finally:
+            self._links.discard(link)
+            for partition in list(partitions.values()):
+                partition.disconnect(link)
+            await link.close()
+
+    async def _admin(self, msg: Any, link: ClientLink) -> None:
+        q = msg.req_id
+        t = type(msg)
+        if t is m.ServerPartitionsAssignmentRequest:
+            link.post(m.ServerPartitionsAssignmentResponse(q, tuple(sorted(self.partitions))))
+        elif t is m.ServerPartitionsHealthStatRequest:
+            link.post(m.ServerPartitionsHealthStatResponse(q, tuple((pid, p.healthy) for pid, p in sorted(self.partitions.items()))))
+        elif t is m.CheckStorageConnectivityRequest:
+            assignments = await self.store_metadata.get_replica_assignments()
+            endpoints = sorted(assignments)
+            results = await asyncio.gather(*(self.connector.check(ep) for ep in endpoints))
+            link.post(m.CheckStorageConnectivityResponse(q, tuple(zip(endpoints, results, strict=True))))
+        elif t in (m.AddPreferredPartitionRequest, m.RemovePreferredPartitionRequest):
+            ids = set(msg.partition_ids)
+            ok = all(0 <= pid < self.num_partitions for pid in ids)
+            if ok:
+                current = set(self.cluster.descriptor.preferred_partitions)
+                new = current | ids if t is m.AddPreferredPartitionRequest else current - ids
+                try:
+                    await self.cluster.set_preferred_partitions(sorted(new))
+                except WaltzError as exc:
+                    log.warning("%s: preferred partitions not updated: %s", self.name, exc)
+                    ok = False
+            resp = m.AddPreferredPartitionResponse if t is m.AddPreferredPartitionRequest else m.RemovePreferredPartitionResponse
+            link.post(resp(q, ok))
+
+    # ---------------------------------------------------------------------------- observability
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy when the coordination session is alive and every owned partition has a store session."""
+        from ..coordination.base import SessionState
+
+        coord_ok = self.coordination.session_state is SessionState.CONNECTED
+        parts = {str(pid): p.healthy for pid, p in sorted(self.partitions.items())}
+        return coord_ok and all(parts.values()), {"coordination": coord_ok, "partitions": parts}
+
+    def _register_metrics(self) -> None:
+        reg = self.metrics
+        reg.gauge("partitions", "Partitions owned by this server", fn=lambda: len(self.partitions))
+        reg.gauge("connections", "Open client connections", fn=lambda: len(self._links))
+        self._spawn(self._metrics_loop())
+
+    async def _metrics_loop(self) -> None:
+        """Refresh per-partition gauges once a second (never on the append path)."""
+        reg = self.metrics
+        while True:
+            for pid, p in list(self.partitions.items()):
+                labels = {"partition": str(pid)}
+                reg.gauge("high_water_mark", "Committed high-water mark", labels).set(p.high_water_mark)
+                reg.gauge("appends_total", "Appends accepted (handed to the store)", labels).set(p.appends)
+                reg.gauge("lock_failures_total", "Appends rejected by the lock table", labels).set(p.lock_failures)
+                reg.gauge("append_queue_size", "Appends waiting in the partition queue", labels).set(p.queue_size)
+                reg.gauge("pending_appends", "Appends in flight to storage", labels).set(p.pending_count)
+                reg.gauge("generation", "Partition generation", labels).set(p.generation)
+                reg.gauge("healthy", "1 when the partition has a store session", labels).set(1 if p.healthy else 0)
+                lat = p.commit_latency
+                reg.gauge("commit_latency_p50_seconds", "Median append-to-commit latency (recent)", labels).set(lat[0])
+                reg.gauge("commit_latency_p99_seconds", "p99 append-to-commit latency (recent)", labels).set(lat[1])
+                reg.gauge("feed_lag", "Largest feed lag over the partition's mounted clients", labels).set(p.max_feed_lag)
+            await asyncio.sleep(1.0)
+
+
+def _lock_options(config_cls: type | None, config: ServerProcessConfig) -> Any:
+    """Options of the lock-table strategy from ``[server]`` (lock_table_size, lock_hash_count)."""
+    if config_cls is None:
+        return None
+    names = {f.name for f in attrs.fields(config_cls)}
+    values = {"size": config.server.lock_table_size, "hash_count": config.server.lock_hash_count}
+    return config_cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _tls_enabled(config: ServerProcessConfig) -> bool:
+    options = config.transport.options.get(config.transport.name, {})
+    return bool(options.get("tls_cert") or options.get("certfile"))
+
+
+async def run_server(config: ServerProcessConfig, stop: asyncio.Event) -> None:
+    """Run a server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM)."""
+    server = WaltzServer(config)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
