@@ -19,7 +19,8 @@
     │   ├── CasConflictError                yes        compare-and-set lost a race (re-read, retry)
     │   ├── NodeExistsError                 no         create-if-absent found a value
     │   ├── NoNodeError                     no         the key does not exist
-    │   └── ClusterNotFoundError            no         no cluster under that root
+    │   ├── ClusterNotFoundError            no         no cluster under that root
+    │   └── MetadataEditError               no         an admin edit that would make cluster metadata inconsistent
     ├── StorageError                        varies     a storage node refused a request
     │   ├── ClusterKeyMismatchError         no         storage belongs to another cluster
     │   ├── StaleSessionError               no         a higher store session exists (fenced)
@@ -131,6 +132,16 @@ class NoNodeError(CoordinationError):
 
 class ClusterNotFoundError(CoordinationError):
     """No Waltz cluster exists under the configured root."""
+
+    retriable = False
+
+
+class MetadataEditError(CoordinationError):
+    """An admin edit refused because it would make cluster metadata inconsistent.
+
+    For example: a partition id outside the cluster, a storage node that still holds partitions,
+    assigning a partition twice to one node, deleting a cluster under another name.
+    """
 
     retriable = False
 

@@ -72,10 +72,16 @@ def waltz_register_transports(registry: Registry[Any]) -> None:
 def waltz_register_coordination_backends(registry: Registry[Any]) -> None:
     """Register coordination backends (built-in: ``local``; plugins: ``zookeeper``, ``etcd``).
 
-    ``factory(options)`` returns a :class:`waltz_core.coordination.base.CoordinationBackend`
-    that is not yet connected; ``options`` is the backend's ``config_cls`` built from the
-    ``[coordination]`` table (``connect``, ``root``, ``session_timeout``) and the
-    ``[coordination.<name>]`` table. Same threading rules as ``waltz_register_transports``.
+    Call ``registry.add(name, factory, config_cls=..., description=...)`` once per backend.
+    ``factory(config, options)`` must return a
+    :class:`waltz_core.coordination.base.CoordinationBackend` that is not yet connected (the
+    caller awaits ``start()`` on its event loop). ``config`` is the
+    :class:`waltz_core.config.CoordinationConfig` (``name``, ``connect``, ``root``,
+    ``session_timeout``); ``options`` is an instance of ``config_cls`` built from the
+    ``[coordination.<name>]`` table (``None`` when ``config_cls`` is None). Backends are built
+    through :func:`waltz_core.coordination.open_coordination`, and must pass the conformance kit
+    :class:`waltz_core.testing.conformance.coordination.CoordinationConformance`.
+    Same threading rules as ``waltz_register_transports``.
     """
 
 
@@ -83,9 +89,11 @@ def waltz_register_coordination_backends(registry: Registry[Any]) -> None:
 def waltz_register_storage_layouts(registry: Registry[Any]) -> None:
     """Register on-disk storage layouts used by storage nodes (built-in: ``segmented``).
 
-    ``factory(directory, options)`` returns a
-    :class:`waltz_core.storage.layout.StorageLayout`. A storage node touches its files only
-    through the layout. Same threading rules as ``waltz_register_transports``.
+    ``factory(directory, config)`` returns a :class:`waltz_core.storage.layout.StorageLayout`
+    (not yet opened); ``config`` is the node's :class:`waltz_core.config.StorageNodeConfig`
+    (segment size threshold, segment cache capacity, index checkpoint interval), from which a
+    layout takes what it needs. A storage node touches its files only through the layout.
+    Same threading rules as ``waltz_register_transports``.
     """
 
 

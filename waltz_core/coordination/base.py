@@ -11,7 +11,9 @@ A hierarchical key space of small values (paths like ``/waltz/store/partition/3`
   call). Watches survive reconnects; after a reconnect every watch fires once, since changes may
   have been missed;
 * session state events: CONNECTED, SUSPENDED (connection lost, session may still be alive),
-  LOST (session/lease expired: every ephemeral key of this backend is gone).
+  LOST (session/lease expired: every ephemeral key of this backend is gone). After LOST the
+  backend establishes a new session by itself and reports CONNECTED again; ephemeral keys
+  created from then on belong to the new session (recipes re-register on LOST).
 
 All methods are coroutines run on the event loop that called :meth:`start`; callbacks (watches
 and session listeners) are invoked on that same loop and must not block. Library exceptions are
@@ -80,7 +82,7 @@ class CoordinationBackend(Protocol):
         """Delete ``key`` (and its descendants when ``recursive``). Absent keys are not an error."""
 
     async def children(self, key: str) -> list[str]:
-        """Names (last path segment) of the immediate children of ``key``, sorted."""
+        """Names (last path segment) of the immediate children of ``key``, sorted; ``[]`` if ``key`` is absent."""
 
     async def increment(self, key: str) -> int:
         """Atomically add one to the integer counter at ``key`` (created at 0) and return the new value."""

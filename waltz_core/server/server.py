@@ -15,14 +15,13 @@ import asyncio
 import logging
 from typing import Any
 
-import attrs
-
 from ..config import ServerProcessConfig
 from ..coordination import open_coordination
 from ..coordination.metadata import ServerDescriptor
 from ..coordination.recipes import ClusterManager, ServerAssignment, StoreMetadata
 from ..errors import ConnectionClosedError, ProtocolError, TransportError, WaltzError
 from ..http import HttpEndpoint
+from ..locks.open import open_lock_table
 from ..metrics import MetricsRegistry
 from ..plugins import Registries, core_version, default_plugin_manager, default_registries
 from ..protocol import CLIENT
@@ -55,9 +54,8 @@ class WaltzServer:
         self._links: set[ClientLink] = set()
         self._assignment_lock = asyncio.Lock()
         self._closed = False
-        lock_info = self.registries.resolve("lock_table", config.server.lock_table)
-        self._lock_info = lock_info
-        self._lock_options = _lock_options(lock_info.config_cls, config)
+        # Resolve the lock-table strategy now so a bad name fails at start, not at the first partition.
+        self.registries.resolve("lock_table", config.server.lock_table)
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -135,8 +133,8 @@ class WaltzServer:
 
     def _open_partition(self, pid: int, generation: int) -> None:
         store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server)
-        lock_info, options = self._lock_info, self._lock_options
-        partition = Partition(pid, generation, store, lambda hwm: lock_info.factory(options, hwm), self.config.server)
+        server_cfg, regs = self.config.server, self.registries
+        partition = Partition(pid, generation, store, lambda hwm: open_lock_table(server_cfg, hwm, regs), server_cfg)
         self.partitions[pid] = partition
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
 
@@ -268,15 +266,6 @@ class WaltzServer:
                 reg.gauge("commit_latency_p99_seconds", "p99 append-to-commit latency (recent)", labels).set(lat[1])
                 reg.gauge("feed_lag", "Largest feed lag over the partition's mounted clients", labels).set(p.max_feed_lag)
             await asyncio.sleep(1.0)
-
-
-def _lock_options(config_cls: type | None, config: ServerProcessConfig) -> Any:
-    """Options of the lock-table strategy from ``[server]`` (lock_table_size, lock_hash_count)."""
-    if config_cls is None:
-        return None
-    names = {f.name for f in attrs.fields(config_cls)}
-    values = {"size": config.server.lock_table_size, "hash_count": config.server.lock_hash_count}
-    return config_cls(**{k: v for k, v in values.items() if k in names})
 
 
 def _tls_enabled(config: ServerProcessConfig) -> bool:

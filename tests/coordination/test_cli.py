@@ -1,0 +1,124 @@
+"""``waltz cluster ...`` against the local backend, through click's CliRunner and the real entry point."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from waltz_core.cli.main import build_cli, main
+
+
+@pytest.fixture
+def coord(tmp_path: Path) -> list[str]:
+    return ["--coordination", "local", "--connect", str(tmp_path / "coord"), "--root", "/waltz"]
+
+
+def run(*args: str) -> Result:
+    result = CliRunner().invoke(build_cli(), list(args), catch_exceptions=False)
+    return result
+
+
+def run_main(*args: str) -> tuple[int, str, str]:
+    """Through ``main()``: how a WaltzError becomes one line on stderr and exit status 1."""
+    runner = CliRunner()
+    with runner.isolation() as (out, err, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def test_create_list_and_show_key(coord: list[str]) -> None:
+    created = run("cluster", "create", *coord, "--name", "demo", "--partitions", "4")
+    assert created.exit_code == 0, created.output
+    assert "created cluster demo" in created.output
+    key = run("cluster", "show-key", *coord)
+    assert key.exit_code == 0
+    cluster_key = uuid.UUID(key.output.strip())
+    listed = run("cluster", "list", *coord, "--json")
+    data = json.loads(listed.output)
+    assert data["cluster"] == {"name": "demo", "num_partitions": 4}
+    assert data["store"] == {"cluster_key": str(cluster_key), "num_partitions": 4}
+    assert sorted(data["partitions"]) == ["0", "1", "2", "3"]
+    table = run("cluster", "list", *coord)
+    assert table.exit_code == 0
+    assert "demo" in table.output and str(cluster_key) in table.output and "Partition metadata" in table.output
+
+
+def test_storage_node_edits(coord: list[str]) -> None:
+    assert run("cluster", "create", *coord, "-n", "demo", "-p", "10").exit_code == 0
+    for port in (7000, 7100):
+        result = run("cluster", "add-storage-node", *coord, "-s", f"127.0.0.1:{port}", "-a", str(port + 1), "-g", "0")
+        assert result.exit_code == 0, result.output
+    assert run("cluster", "assign-partition", *coord, "-p", "0-6,9", "-s", "127.0.0.1:7000").exit_code == 0
+    data = json.loads(run("cluster", "list", *coord, "--json").output)
+    assert data["replica_assignments"] == {"127.0.0.1:7000": [0, 1, 2, 3, 4, 5, 6, 9], "127.0.0.1:7100": []}
+    assert data["connections"] == {"127.0.0.1:7000": 7001, "127.0.0.1:7100": 7101}
+    assert data["groups"] == {"127.0.0.1:7000": 0, "127.0.0.1:7100": 0}
+    table = run("cluster", "list", *coord).output
+    assert "0-6,9" in table
+    assert run("cluster", "unassign-partition", *coord, "-p", "0-6,9", "-s", "127.0.0.1:7000").exit_code == 0
+    auto = run("cluster", "auto-assign", *coord, "-g", "0")
+    assert auto.exit_code == 0 and "127.0.0.1:7000: 0,2,4,6,8" in auto.output
+    code, _, err = run_main("cluster", "remove-storage-node", *coord, "-s", "127.0.0.1:7100")
+    assert code == 1 and err.count("\n") == 1 and "still has partitions 1,3,5,7,9 assigned" in err
+    assert run("cluster", "unassign-partition", *coord, "-p", "1,3,5,7,9", "-s", "127.0.0.1:7100").exit_code == 0
+    assert run("cluster", "remove-storage-node", *coord, "-s", "127.0.0.1:7100").exit_code == 0
+    data = json.loads(run("cluster", "list", *coord, "--json").output)
+    assert data["groups"] == {"127.0.0.1:7000": 0}
+
+
+def test_delete_needs_the_name(coord: list[str]) -> None:
+    assert run("cluster", "create", *coord, "-n", "demo", "-p", "2").exit_code == 0
+    code, _, err = run_main("cluster", "delete", *coord, "-n", "other")
+    assert code == 1 and "named 'demo', not 'other'" in err
+    assert run("cluster", "delete", *coord, "-n", "demo").exit_code == 0
+    code, _, err = run_main("cluster", "list", *coord)
+    assert code == 1 and err.startswith("error: no Waltz cluster under /waltz")
+
+
+def test_config_file_and_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "cli.toml"
+    config.write_text(f'[coordination]\nname = "local"\nconnect = "{tmp_path / "coord"}"\nroot = "/from-file"\n')
+    assert run("cluster", "create", "--config", str(config), "-n", "f", "-p", "1").exit_code == 0
+    listed = json.loads(run("cluster", "list", "--config", str(config), "--json").output)
+    assert listed["root"] == "/from-file"
+    code, _, err = run_main("cluster", "list", "--config", str(config), "--root", "/elsewhere")
+    assert code == 1 and "no Waltz cluster under /elsewhere" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--coordination", "nosuch"], "error: coordination 'nosuch' not found; installed:"),
+    (["--root", "relative"], "error: coordination.root must be an absolute path"),
+])
+def test_bad_backend_and_root_are_one_line(coord: list[str], args: list[str], message: str) -> None:
+    code, out, err = run_main("cluster", "list", *coord, *args)
+    assert code == 1 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_unreachable_store_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run_main("cluster", "list", "--connect", str(blocker / "sub"))
+    assert code == 1 and "cannot create directory" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_existing_cluster_and_bad_ranges(coord: list[str]) -> None:
+    assert run("cluster", "create", *coord, "-n", "demo", "-p", "3").exit_code == 0
+    code, _, err = run_main("cluster", "create", *coord, "-n", "demo", "-p", "3")
+    assert code == 1 and "/waltz already exists" in err and err.count("\n") == 1
+    assert run("cluster", "add-storage-node", *coord, "-s", "h:1", "-a", "2", "-g", "0").exit_code == 0
+    code, _, err = run_main("cluster", "assign-partition", *coord, "-p", "2-1", "-s", "h:1")
+    assert code == 2 and "invalid partition range '2-1'" in err
+    code, _, err = run_main("cluster", "assign-partition", *coord, "-p", "0-5", "-s", "h:1")
+    assert code == 1 and "partitions 3-5 do not exist" in err
+    code, _, err = run_main("cluster", "add-storage-node", *coord, "-s", "nohostport", "-a", "2", "-g", "0")
+    assert code == 1 and "host:port" in err

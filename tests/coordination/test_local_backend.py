@@ -1,0 +1,164 @@
+"""Behaviour of the ``local`` backend beyond the kit: several processes, natural lease expiry, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from waltz_core.config import CoordinationConfig
+from waltz_core.coordination import open_coordination
+from waltz_core.coordination.base import SessionState
+from waltz_core.coordination.local import LocalCoordination, LocalOptions, default_local_directory
+from waltz_core.errors import CoordinationError, SessionLostError
+from waltz_core.testing.conformance.coordination import eventually
+
+CHILD = textwrap.dedent("""
+    import asyncio, json, sys
+    from waltz_core.config import CoordinationConfig
+    from waltz_core.coordination.local import LocalCoordination
+
+    async def main(directory, increments, hold):
+        backend = LocalCoordination(CoordinationConfig(connect=directory, session_timeout=1.0))
+        await backend.start()
+        values = [await backend.increment("/proc/counter") for _ in range(increments)]
+        key = await backend.create_sequential("/proc/members/m_", b"child", ephemeral=True)
+        print(json.dumps({"values": values, "key": key}), flush=True)
+        if hold:
+            await asyncio.sleep(3600)
+        await backend.close()
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "hold"))
+""")
+
+
+def spawn(directory: Path, increments: int, hold: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(directory), str(increments), "hold" if hold else "exit"],
+                            stdout=subprocess.PIPE, text=True)
+
+
+async def started(directory: Path, timeout: float = 1.0) -> LocalCoordination:
+    backend = LocalCoordination(CoordinationConfig(connect=str(directory), session_timeout=timeout))
+    await backend.start()
+    return backend
+
+
+async def test_counters_are_atomic_across_processes(tmp_path: Path) -> None:
+    children = [spawn(tmp_path, 40, hold=False) for _ in range(3)]
+    values: list[int] = []
+    for child in children:
+        out, _ = await asyncio.to_thread(child.communicate, timeout=60)
+        assert child.returncode == 0
+        values += json.loads(out)["values"]
+    assert sorted(values) == list(range(1, 121))
+    backend = await started(tmp_path)
+    try:
+        assert await backend.increment("/proc/counter") == 121
+        assert await backend.children("/proc/members") == []  # each child closed: its ephemerals are gone
+    finally:
+        await backend.close()
+
+
+async def test_killed_process_loses_its_ephemerals_after_the_lease(tmp_path: Path) -> None:
+    observer = await started(tmp_path)
+    child = spawn(tmp_path, 1, hold=True)
+    try:
+        line = await asyncio.to_thread(child.stdout.readline)  # type: ignore[union-attr]
+        key = json.loads(line)["key"]
+        assert await observer.get(key) is not None
+        await asyncio.sleep(0.3)  # let the observer's poll catch up with the child's writes
+        seen: list[float] = []
+        observer.watch("/proc/members", lambda: seen.append(time.monotonic()))
+        os.kill(child.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        await eventually(lambda: bool(seen), 10, "watch on the members fires")
+        assert await observer.get(key) is None
+        elapsed = seen[0] - killed_at
+        assert 0.3 < elapsed < 5.0, elapsed  # removed by lease expiry (1 s), not at once and not never
+    finally:
+        if child.poll() is None:
+            child.kill()
+        await asyncio.to_thread(child.wait)
+        child.stdout.close()  # type: ignore[union-attr]
+        await observer.close()
+
+
+async def test_stalled_heartbeat_expires_the_session(tmp_path: Path) -> None:
+    observer = await started(tmp_path)
+    stalled = await started(tmp_path, timeout=0.6)
+    states: list[SessionState] = []
+    stalled.add_session_listener(states.append)
+    try:
+        await stalled.create("/eph", b"x", ephemeral=True)
+        stalled._tasks[0].cancel()  # the heartbeat stops, as in a frozen process
+        await asyncio.sleep(1.2)
+        assert await observer.get("/eph") is None  # the observer's poll reaped the expired lease
+        with pytest.raises(SessionLostError):
+            await stalled.create("/eph2", b"x", ephemeral=True)
+        assert await observer.get("/eph2") is None
+    finally:
+        await stalled.close()
+        await observer.close()
+
+
+async def test_store_survives_restart_and_versions_never_repeat(tmp_path: Path) -> None:
+    first = await started(tmp_path)
+    v1 = await first.create("/k", b"1")
+    await first.delete("/k")
+    await first.close()
+    second = await started(tmp_path)
+    try:
+        v2 = await second.create("/k", b"2")
+        assert v2 > v1  # a re-created key never reuses an old version (no ABA for CAS)
+        got = await second.get("/k")
+        assert got is not None and got.value == b"2"
+    finally:
+        await second.close()
+
+
+async def test_unusable_directory_is_a_clear_coordination_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    backend = open_coordination(CoordinationConfig(name="local", connect=str(blocker / "coord")))
+    with pytest.raises(CoordinationError, match="cannot create directory"):
+        await backend.start()
+    await backend.close()
+
+
+async def test_operations_after_close_fail_clearly(tmp_path: Path) -> None:
+    backend = await started(tmp_path)
+    await backend.close()
+    with pytest.raises(CoordinationError, match="not started or already closed"):
+        await backend.get("/x")
+
+
+async def test_invalid_keys_are_rejected(tmp_path: Path) -> None:
+    backend = await started(tmp_path)
+    try:
+        for bad in ("relative", "/", "/a/", "/a//b"):
+            with pytest.raises(ValueError, match="invalid coordination key"):
+                await backend.get(bad)
+    finally:
+        await backend.close()
+
+
+def test_default_directory_follows_xdg_state_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_local_directory() == tmp_path / "waltz" / "coordination"
+    backend = LocalCoordination(CoordinationConfig(connect=""), LocalOptions())
+    assert backend.path == tmp_path / "waltz" / "coordination" / "coordination.sqlite3"
+
+
+def test_options_come_from_the_coordination_local_table() -> None:
+    config = CoordinationConfig(name="local", connect="/tmp/x", options={"local": {"poll_interval": 0.2}})
+    backend = open_coordination(config)
+    assert isinstance(backend, LocalCoordination)
+    assert backend._options.poll_interval == 0.2

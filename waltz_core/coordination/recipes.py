@@ -1,0 +1,694 @@
+"""Recipes on top of any :class:`~.base.CoordinationBackend`: identical for local, zookeeper and etcd.
+
+* cluster admin: :func:`create_cluster`, :func:`delete_cluster`, :func:`list_cluster`;
+* store metadata (:class:`StoreMetadata`): store params, partition metadata (CAS only),
+  replica assignments, storage groups and admin ports, with the original's admin edits;
+* membership and partition assignment: :class:`ClusterManager` (servers) and
+  :class:`AssignmentWatcher` (clients);
+* id allocation: :func:`allocate_client_id`, :func:`allocate_server_id`.
+
+Values are UTF-8 JSON (:mod:`.metadata`); the policy is the pure :func:`.assignment.compute_assignment`.
+Everything here runs on the event loop of the backend; callbacks are called on that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+import attrs
+
+from ..errors import (
+    CasConflictError,
+    ConfigError,
+    ClusterNotFoundError,
+    CoordinationError,
+    MetadataEditError,
+    NodeExistsError,
+    NoNodeError,
+)
+from .assignment import compute_assignment
+from .base import CoordinationBackend, SessionState, WatchHandle
+from .metadata import (
+    UNRESOLVED,
+    ClusterParams,
+    PartitionAssignment,
+    PartitionInfo,
+    PartitionMetadata,
+    ReplicaState,
+    ServerDescriptor,
+    StoreParams,
+    decode,
+    encode,
+    format_partition_ranges,
+    parse_partition_ranges,
+    parse_replica_assignments,
+    parse_str_int_map,
+)
+
+log = logging.getLogger("waltz.coordination.recipes")
+
+T = TypeVar("T")
+
+#: ``get_partition_metadata`` returns this version when the key is absent; CAS with it creates the key.
+ABSENT_VERSION = -1
+#: How long an admin edit waits for another process's admin lock.
+ADMIN_LOCK_TIMEOUT = 30.0
+_RETRY_DELAY = 0.05
+
+
+@attrs.frozen(slots=True)
+class Paths:
+    """Every key of one cluster (the original's znode layout)."""
+
+    root: str
+
+    def __attrs_post_init__(self) -> None:
+        if not self.root.startswith("/") or self.root.endswith("/") or "//" in self.root:
+            raise ConfigError(f"coordination.root must be an absolute path like /waltz, got {self.root!r}")
+
+    @property
+    def server_descriptors(self) -> str:
+        return f"{self.root}/serverDescriptors"
+
+    @property
+    def server_prefix(self) -> str:
+        return f"{self.root}/serverDescriptors/s_"
+
+    @property
+    def client_ids(self) -> str:
+        return f"{self.root}/ids/client"
+
+    @property
+    def server_ids(self) -> str:
+        return f"{self.root}/ids/server"
+
+    @property
+    def store(self) -> str:
+        return f"{self.root}/store"
+
+    def partition(self, partition_id: int) -> str:
+        return f"{self.root}/store/partition/{partition_id}"
+
+    @property
+    def assignment(self) -> str:
+        return f"{self.root}/store/assignment"
+
+    @property
+    def group(self) -> str:
+        return f"{self.root}/store/group"
+
+    @property
+    def connection(self) -> str:
+        return f"{self.root}/store/connection"
+
+    @property
+    def admin_lock(self) -> str:
+        return f"{self.root}/store/adminLock"
+
+
+def _missing(backend: CoordinationBackend, root: str, what: str = "") -> ClusterNotFoundError:
+    detail = f" ({what} is missing)" if what else ""
+    return ClusterNotFoundError(f"no Waltz cluster under {root} in the {backend.name} coordination backend{detail}")
+
+
+async def get_cluster_params(backend: CoordinationBackend, root: str) -> ClusterParams:
+    """``<root>``'s ClusterParams; ClusterNotFoundError when there is no cluster."""
+    Paths(root)  # a clear ConfigError for a malformed root
+    got = await backend.get(root)
+    if got is None or not got.value:
+        raise _missing(backend, root)
+    try:
+        return decode(root, got.value, ClusterParams.from_json)
+    except CoordinationError:
+        raise ClusterNotFoundError(f"{root} exists in the {backend.name} coordination backend but holds no Waltz cluster") from None
+
+
+# ------------------------------------------------------------------------------ cluster admin
+
+
+async def create_cluster(backend: CoordinationBackend, root: str, name: str, num_partitions: int) -> StoreParams:
+    """Create a cluster under ``root`` with a fresh random cluster key; NodeExistsError if ``root`` exists.
+
+    Writes ClusterParams, an empty partition assignment, StoreParams, one EMPTY partition
+    metadata per partition and empty replica assignments, groups and connections.
+    """
+    paths = Paths(root)
+    if not name:
+        raise MetadataEditError("the cluster name must not be empty")
+    if num_partitions < 1:
+        raise MetadataEditError(f"a cluster needs at least one partition, got {num_partitions}")
+    try:
+        await backend.create(root, encode(ClusterParams(name, num_partitions).to_json()))
+    except NodeExistsError:
+        raise NodeExistsError(f"{root} already exists in the {backend.name} coordination backend; "
+                              f"delete the cluster first or choose another root") from None
+    params = StoreParams(uuid.uuid4(), num_partitions)
+    await backend.create(paths.server_descriptors, encode(PartitionAssignment(num_partitions).to_json()))
+    await backend.create(paths.store, encode(params.to_json()))
+    for pid in range(num_partitions):
+        await backend.create(paths.partition(pid), encode(PartitionMetadata.EMPTY.to_json()))
+    for key in (paths.assignment, paths.group, paths.connection):
+        await backend.create(key, encode({}))
+    return params
+
+
+async def delete_cluster(backend: CoordinationBackend, root: str, name: str | None = None, *, force: bool = False) -> None:
+    """Delete everything under ``root``. ``name`` must match the cluster's name unless ``force``.
+
+    ClusterNotFoundError when there is no cluster (unless ``force``, which deletes whatever is there).
+    """
+    Paths(root)
+    try:
+        params = await get_cluster_params(backend, root)
+    except ClusterNotFoundError:
+        if not force:
+            raise
+    else:
+        if not force and name != params.name:
+            raise MetadataEditError(f"the cluster under {root} is named {params.name!r}, not {name!r}; "
+                                    f"give its name or force")
+    await backend.delete(root, recursive=True)
+
+
+@attrs.frozen(slots=True)
+class ClusterListing:
+    """Everything ``waltz cluster list`` shows."""
+
+    root: str
+    cluster: ClusterParams
+    store: StoreParams | None
+    servers: list[ServerDescriptor]
+    assignment: PartitionAssignment | None
+    replica_assignments: dict[str, list[int]]
+    groups: dict[str, int]
+    connections: dict[str, int]
+    partitions: dict[int, PartitionMetadata]
+
+
+async def list_servers(backend: CoordinationBackend, root: str) -> list[ServerDescriptor]:
+    """The registered (live) servers, by server id."""
+    paths = Paths(root)
+    out = []
+    for child in await backend.children(paths.server_descriptors):
+        if not child.startswith("s_"):
+            continue
+        key = f"{paths.server_descriptors}/{child}"
+        got = await backend.get(key)
+        if got is not None:  # it may vanish between listing and reading
+            out.append(decode(key, got.value, ServerDescriptor.from_json))
+    return sorted(out, key=lambda d: d.server_id)
+
+
+async def read_assignment(backend: CoordinationBackend, root: str) -> tuple[PartitionAssignment, int]:
+    """The partition assignment and its version; ClusterNotFoundError when absent."""
+    key = Paths(root).server_descriptors
+    got = await backend.get(key)
+    if got is None:
+        raise _missing(backend, root, key)
+    return decode(key, got.value, PartitionAssignment.from_json), got.version
+
+
+async def list_cluster(backend: CoordinationBackend, root: str) -> ClusterListing:
+    """Read every piece of the cluster's metadata (ClusterNotFoundError when there is none)."""
+    cluster = await get_cluster_params(backend, root)
+    store = StoreMetadata(backend, root)
+    try:
+        params: StoreParams | None = await store.get_store_params()
+    except ClusterNotFoundError:
+        params = None
+    try:
+        assignment: PartitionAssignment | None = (await read_assignment(backend, root))[0]
+    except ClusterNotFoundError:
+        assignment = None
+    partitions = {}
+    for pid in range(params.num_partitions if params else cluster.num_partitions):
+        partitions[pid] = (await store.get_partition_metadata(pid))[0]
+    return ClusterListing(
+        root=root, cluster=cluster, store=params, servers=await list_servers(backend, root), assignment=assignment,
+        replica_assignments=await store._read_map(store.paths.assignment, parse_replica_assignments, missing_ok=True),
+        groups=await store._read_map(store.paths.group, parse_str_int_map, missing_ok=True),
+        connections=await store._read_map(store.paths.connection, parse_str_int_map, missing_ok=True),
+        partitions=partitions,
+    )
+
+
+async def allocate_client_id(backend: CoordinationBackend, root: str) -> int:
+    """A cluster-wide unique client id (1, 2, ...), from the ``<root>/ids/client`` counter."""
+    return await backend.increment(Paths(root).client_ids)
+
+
+async def allocate_server_id(backend: CoordinationBackend, root: str) -> int:
+    """A cluster-wide unique server id (1, 2, ...), from the ``<root>/ids/server`` counter."""
+    return await backend.increment(Paths(root).server_ids)
+
+
+# ----------------------------------------------------------------------------- store metadata
+
+
+def _check_storage(storage: str) -> None:
+    host, sep, port = storage.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise MetadataEditError(f"storage node must be given as host:port, got {storage!r}")
+
+
+class StoreMetadata:
+    """Store metadata under ``<root>/store``: params, partition metadata, replica assignments, groups, admin ports.
+
+    Reads are plain gets. Partition metadata changes only by compare-and-set. Admin edits
+    (storage nodes, replica assignments) hold the ``adminLock`` key (ephemeral, as in the
+    original) and still write with compare-and-set.
+    """
+
+    def __init__(self, backend: CoordinationBackend, root: str) -> None:
+        self.backend = backend
+        self.root = root
+        self.paths = Paths(root)
+
+    async def get_store_params(self) -> StoreParams:
+        """The cluster key and partition count; ClusterNotFoundError when absent."""
+        got = await self.backend.get(self.paths.store)
+        if got is None or not got.value:
+            raise _missing(self.backend, self.root, self.paths.store)
+        return decode(self.paths.store, got.value, StoreParams.from_json)
+
+    # partition metadata
+
+    async def get_partition_metadata(self, partition_id: int) -> tuple[PartitionMetadata, int]:
+        """The partition's metadata and version; ``(PartitionMetadata.EMPTY, ABSENT_VERSION)`` when absent."""
+        key = self.paths.partition(partition_id)
+        got = await self.backend.get(key)
+        if got is None:
+            return PartitionMetadata.EMPTY, ABSENT_VERSION
+        return decode(key, got.value, PartitionMetadata.from_json), got.version
+
+    async def cas_partition_metadata(self, partition_id: int, new: PartitionMetadata, expected_version: int) -> int:
+        """Write ``new`` only if the metadata is still at ``expected_version``; return the new version.
+
+        CasConflictError when another writer got there first (re-read and decide again).
+        ``expected_version == ABSENT_VERSION`` creates the key if it is still absent.
+        """
+        key = self.paths.partition(partition_id)
+        data = encode(new.to_json())
+        try:
+            if expected_version == ABSENT_VERSION:
+                return await self.backend.create(key, data)
+            return await self.backend.set(key, data, expected_version=expected_version)
+        except (NodeExistsError, NoNodeError) as exc:
+            raise CasConflictError(f"{key}: changed concurrently ({exc})") from exc
+
+    # replica assignments, groups, connections
+
+    async def _read_map(self, key: str, parse: Callable[[Any], T], *, missing_ok: bool = False) -> T:
+        got = await self.backend.get(key)
+        if got is None:
+            if missing_ok:
+                return parse({})
+            raise _missing(self.backend, self.root, key)
+        return decode(key, got.value, parse)
+
+    async def get_replica_assignments(self) -> dict[str, list[int]]:
+        """``{"host:port": [partition ids]}`` of every storage node."""
+        return await self._read_map(self.paths.assignment, parse_replica_assignments)
+
+    async def get_groups(self) -> dict[str, int]:
+        """``{"host:port": group id}`` of every storage node."""
+        return await self._read_map(self.paths.group, parse_str_int_map)
+
+    async def get_connections(self) -> dict[str, int]:
+        """``{"host:port": admin port}`` of every storage node."""
+        return await self._read_map(self.paths.connection, parse_str_int_map)
+
+    @contextlib.asynccontextmanager
+    async def admin_lock(self, timeout: float = ADMIN_LOCK_TIMEOUT) -> AsyncIterator[None]:
+        """Hold ``<root>/store/adminLock`` (an ephemeral key: a crashed holder releases it with its session)."""
+        await self.get_store_params()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                await self.backend.create(self.paths.admin_lock, b"", ephemeral=True)
+                break
+            except NodeExistsError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise CoordinationError(f"{self.paths.admin_lock} is held by another process "
+                                            f"for more than {timeout}s") from None
+                await asyncio.sleep(_RETRY_DELAY)
+        try:
+            yield
+        finally:
+            await self.backend.delete(self.paths.admin_lock)
+
+    async def _edit(self, key: str, parse: Callable[[Any], dict[str, T]],
+                    change: Callable[[dict[str, T]], dict[str, T]]) -> None:
+        while True:
+            got = await self.backend.get(key)
+            if got is None:
+                raise _missing(self.backend, self.root, key)
+            new = change(decode(key, got.value, parse))
+            try:
+                await self.backend.set(key, encode(new), expected_version=got.version)
+                return
+            except CasConflictError:
+                continue  # someone edited without the lock (or a stale lock): re-read and redo
+
+    async def _partition_ids(self, partitions: Iterable[int]) -> list[int]:
+        params = await self.get_store_params()
+        ids = sorted(set(partitions))
+        bad = [p for p in ids if not 0 <= p < params.num_partitions]
+        if bad:
+            raise MetadataEditError(f"partitions {format_partition_ranges(bad)} do not exist "
+                                    f"(the cluster has partitions 0-{params.num_partitions - 1})")
+        if not ids:
+            raise MetadataEditError("no partitions given")
+        return ids
+
+    async def add_storage_node(self, storage: str, admin_port: int, group: int) -> None:
+        """Add a storage node (``host:port``) with its admin port to ``group``, with no partitions yet.
+
+        NodeExistsError if the node is already known.
+        """
+        _check_storage(storage)
+        if not 0 < admin_port < 65536:
+            raise MetadataEditError(f"invalid admin port {admin_port}")
+        async with self.admin_lock():
+            if storage in await self.get_groups() or storage in await self.get_replica_assignments():
+                raise NodeExistsError(f"storage node {storage} is already part of the cluster under {self.root}")
+            await self._edit(self.paths.group, parse_str_int_map, lambda m: {**m, storage: group})
+            await self._edit(self.paths.connection, parse_str_int_map, lambda m: {**m, storage: admin_port})
+            await self._edit(self.paths.assignment, parse_replica_assignments, lambda m: {**m, storage: []})
+
+    async def remove_storage_node(self, storage: str) -> None:
+        """Remove a storage node; refused (MetadataEditError) while it still has partitions assigned."""
+        async with self.admin_lock():
+            assignments = await self.get_replica_assignments()
+            if storage not in assignments and storage not in await self.get_groups():
+                raise NoNodeError(f"storage node {storage} is not part of the cluster under {self.root}")
+            if assignments.get(storage):
+                raise MetadataEditError(f"storage node {storage} still has partitions "
+                                        f"{format_partition_ranges(assignments[storage])} assigned; unassign them first")
+
+            def without(m: dict[str, T]) -> dict[str, T]:
+                return {k: v for k, v in m.items() if k != storage}
+
+            await self._edit(self.paths.assignment, parse_replica_assignments, without)
+            await self._edit(self.paths.group, parse_str_int_map, without)
+            await self._edit(self.paths.connection, parse_str_int_map, without)
+
+    async def assign_partitions(self, storage: str, partitions: Iterable[int]) -> None:
+        """Add replicas of ``partitions`` on ``storage``; refused for unknown nodes or partitions already there."""
+        ids = await self._partition_ids(partitions)
+        async with self.admin_lock():
+            current = await self.get_replica_assignments()
+            if storage not in current:
+                raise NoNodeError(f"storage node {storage} is not part of the cluster under {self.root}; add it first")
+            already = sorted(set(ids) & set(current[storage]))
+            if already:
+                raise MetadataEditError(f"partitions {format_partition_ranges(already)} are already assigned to {storage}")
+            await self._edit(self.paths.assignment, parse_replica_assignments,
+                             lambda m: {**m, storage: sorted(set(m.get(storage, [])) | set(ids))})
+
+    async def unassign_partitions(self, storage: str, partitions: Iterable[int]) -> None:
+        """Remove replicas of ``partitions`` from ``storage``; refused for partitions not assigned there."""
+        ids = await self._partition_ids(partitions)
+        async with self.admin_lock():
+            current = await self.get_replica_assignments()
+            if storage not in current:
+                raise NoNodeError(f"storage node {storage} is not part of the cluster under {self.root}")
+            missing = sorted(set(ids) - set(current[storage]))
+            if missing:
+                raise MetadataEditError(f"partitions {format_partition_ranges(missing)} are not assigned to {storage}")
+            await self._edit(self.paths.assignment, parse_replica_assignments,
+                             lambda m: {**m, storage: sorted(set(m.get(storage, [])) - set(ids))})
+
+    async def auto_assign(self, group: int) -> dict[str, list[int]]:
+        """Round-robin every partition over the nodes of ``group`` (sorted by ``host:port``); return the result.
+
+        Refused if the group has no nodes or any of them already has partitions.
+        """
+        params = await self.get_store_params()
+        async with self.admin_lock():
+            groups = await self.get_groups()
+            nodes = sorted(s for s, g in groups.items() if g == group)
+            if not nodes:
+                raise MetadataEditError(f"group {group} has no storage nodes under {self.root}")
+            current = await self.get_replica_assignments()
+            busy = [s for s in nodes if current.get(s)]
+            if busy:
+                raise MetadataEditError(f"storage nodes {', '.join(busy)} of group {group} already have partitions")
+            planned: dict[str, list[int]] = {s: [] for s in nodes}
+            for pid in range(params.num_partitions):
+                planned[nodes[pid % len(nodes)]].append(pid)
+            await self._edit(self.paths.assignment, parse_replica_assignments, lambda m: {**m, **planned})
+            return planned
+
+
+# ------------------------------------------------------------------ membership and assignment
+
+
+@attrs.frozen(slots=True)
+class ServerAssignment:
+    """What one server is told: its partitions with their generations (empty: serve nothing)."""
+
+    server_id: int
+    endpoint: str
+    partitions: Mapping[int, int] = attrs.field(factory=dict, converter=dict)  #: partition id -> generation
+    num_partitions: int = 0
+
+
+async def _call(callback: Callable[[T], Any], value: T) -> None:
+    try:
+        result = callback(value)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:  # the recipe keeps running when an application callback fails
+        log.exception("callback %r failed", callback)
+
+
+class ClusterManager:
+    """A server's membership and the cluster manager (coordinator) role.
+
+    ``start()`` allocates a server id (``<root>/ids/server``), registers the descriptor as an
+    ephemeral sequential key ``<root>/serverDescriptors/s_<seq>`` and watches membership. The live
+    server with the smallest id is the coordinator: on every membership change it computes the
+    assignment with :func:`~.assignment.compute_assignment` and writes it with compare-and-set.
+    Every server then gets ``on_assignment(ServerAssignment)`` (sync or async, called on the event
+    loop) whenever its own partitions or generations change.
+
+    On session loss the server is told at once to serve nothing (an empty assignment), then it
+    registers again with a new server id; its partitions come back with bumped generations.
+    """
+
+    def __init__(self, backend: CoordinationBackend, root: str, descriptor: ServerDescriptor, *,
+                 on_assignment: Callable[[ServerAssignment], Awaitable[None] | None] | None = None) -> None:
+        self.backend = backend
+        self.root = root
+        self.paths = Paths(root)
+        self.descriptor = descriptor
+        self._on_assignment = on_assignment
+        self._registered_key: str | None = None
+        self._watch: WatchHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._dirty = asyncio.Event()
+        self._lost = False
+        self._closed = False
+        self._coordinator = False
+        self._last_delivered: ServerAssignment | None = None
+        self.num_partitions = 0
+        self.assignment: PartitionAssignment | None = None  #: the last assignment read
+
+    @property
+    def server_id(self) -> int:
+        """This server's id (``-1`` before registration); it changes after a session loss."""
+        return self.descriptor.server_id
+
+    @property
+    def is_coordinator(self) -> bool:
+        """True while this server is the live server with the smallest id (as of the last membership read)."""
+        return self._coordinator
+
+    async def start(self) -> None:
+        """Register and start managing; ClusterNotFoundError if there is no cluster under ``root``."""
+        self.num_partitions = (await get_cluster_params(self.backend, self.root)).num_partitions
+        self.backend.add_session_listener(self._session_changed)
+        await self._register()
+        self._watch = self.backend.watch(self.paths.server_descriptors, self._dirty.set)
+        await self._reconcile()
+        self._task = asyncio.create_task(self._run(), name=f"waltz-cluster-manager-{self.server_id}")
+
+    async def close(self) -> None:
+        """Deregister (delete the descriptor) and stop; idempotent. Does not close the backend."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._registered_key is not None:
+            try:
+                await self.backend.delete(self._registered_key)
+            except CoordinationError as exc:  # its session ending removes it anyway
+                log.warning("could not delete %s: %s", self._registered_key, exc)
+            self._registered_key = None
+
+    def _session_changed(self, state: SessionState) -> None:
+        if state is SessionState.LOST:
+            self._lost = True
+        self._dirty.set()
+
+    async def _register(self) -> None:
+        server_id = await allocate_server_id(self.backend, self.root)
+        descriptor = attrs.evolve(self.descriptor, server_id=server_id)
+        self._registered_key = await self.backend.create_sequential(
+            self.paths.server_prefix, encode(descriptor.to_json()), ephemeral=True)
+        self.descriptor = descriptor
+        log.info("server %s registered as %s (id %d)", descriptor.endpoint, self._registered_key, server_id)
+
+    async def set_preferred_partitions(self, partitions: Iterable[int]) -> None:
+        """Change this server's preferred partitions (``waltz server add-preferred-partition``).
+
+        The descriptor is registered again under a new sequential key (same server id) before the
+        old key is deleted, so every watcher of the membership sees the change and the
+        coordinator recomputes the assignment.
+        """
+        self.descriptor = attrs.evolve(self.descriptor, preferred_partitions=tuple(sorted(set(partitions))))
+        old = self._registered_key
+        if old is None:
+            self._dirty.set()
+            return
+        self._registered_key = await self.backend.create_sequential(
+            self.paths.server_prefix, encode(self.descriptor.to_json()), ephemeral=True)
+        await self.backend.delete(old)
+        self._dirty.set()
+
+    async def _run(self) -> None:
+        delay = _RETRY_DELAY
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                if self._lost:
+                    self._lost = False
+                    self._registered_key = None
+                    await self._deliver(ServerAssignment(self.server_id, self.descriptor.endpoint, {}, self.num_partitions))
+                if self._registered_key is None:
+                    if self.backend.session_state is not SessionState.CONNECTED:
+                        continue  # the CONNECTED event sets _dirty again
+                    await self._register()
+                await self._reconcile()
+                delay = _RETRY_DELAY
+            except CoordinationError as exc:
+                log.warning("cluster manager of %s: %s; retrying in %.2fs", self.descriptor.endpoint, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                self._dirty.set()
+
+    async def _reconcile(self) -> None:
+        servers = await list_servers(self.backend, self.root)
+        current, version = await read_assignment(self.backend, self.root)
+        live_ids = [s.server_id for s in servers]
+        self._coordinator = bool(live_ids) and min(live_ids) == self.server_id
+        if self._coordinator:
+            wanted = compute_assignment(self.num_partitions, servers, current)
+            if wanted != current:
+                try:
+                    await self.backend.set(self.paths.server_descriptors, encode(wanted.to_json()), expected_version=version)
+                except CasConflictError:
+                    self._dirty.set()  # someone else wrote in between: recompute from the new value
+                    return
+                log.info("coordinator %d wrote a new assignment for %d servers", self.server_id, len(servers))
+                current = wanted
+        self.assignment = current
+        if self._registered_key is not None and not self._lost:
+            await self._deliver(ServerAssignment(self.server_id, self.descriptor.endpoint,
+                                                 current.for_server(self.server_id), self.num_partitions))
+
+    async def _deliver(self, assignment: ServerAssignment) -> None:
+        if assignment == self._last_delivered:
+            return
+        self._last_delivered = assignment
+        if self._on_assignment is not None:
+            await _call(self._on_assignment, assignment)
+
+
+class PartitionOwner(NamedTuple):
+    """Where a client sends a partition's requests, and the generation it stamps on them."""
+
+    endpoint: str
+    generation: int
+    server_id: int
+
+
+class AssignmentWatcher:
+    """A client's view of the assignment: ``{partition id: PartitionOwner(endpoint, generation, server_id)}``.
+
+    Only owned partitions appear. ``callback(mapping)`` (sync or async) is called on the event loop
+    after :meth:`start` and whenever the mapping changes.
+    """
+
+    def __init__(self, backend: CoordinationBackend, root: str,
+                 callback: Callable[[dict[int, PartitionOwner]], Awaitable[None] | None] | None = None) -> None:
+        self.backend = backend
+        self.root = root
+        self.paths = Paths(root)
+        self._callback = callback
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._watch: WatchHandle | None = None
+        self.num_partitions = 0
+        self.current: dict[int, PartitionOwner] = {}
+        self._delivered: dict[int, PartitionOwner] | None = None
+
+    async def start(self) -> None:
+        """Read the assignment once (ClusterNotFoundError without a cluster) and keep watching it."""
+        self.num_partitions = (await get_cluster_params(self.backend, self.root)).num_partitions
+        self._watch = self.backend.watch(self.paths.server_descriptors, self._dirty.set)
+        await self._refresh()
+        self._task = asyncio.create_task(self._run(), name="waltz-assignment-watcher")
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self._refresh()
+            except CoordinationError as exc:
+                log.warning("assignment watcher: %s; retrying", exc)
+                await asyncio.sleep(0.2)
+                self._dirty.set()
+
+    async def _refresh(self) -> None:
+        assignment, _ = await read_assignment(self.backend, self.root)
+        owners = {p.partition_id: PartitionOwner(p.endpoint, p.generation, p.server_id)
+                  for p in assignment.partitions if p.server_id is not None and p.endpoint is not None}
+        self.current = owners
+        if owners != self._delivered:
+            self._delivered = owners
+            if self._callback is not None:
+                await _call(self._callback, dict(owners))
+
+
+__all__ = [
+    "ABSENT_VERSION", "UNRESOLVED", "AssignmentWatcher", "ClusterListing", "ClusterManager", "ClusterParams",
+    "PartitionAssignment", "PartitionInfo", "PartitionMetadata", "PartitionOwner", "Paths", "ReplicaState",
+    "ServerAssignment", "ServerDescriptor", "StoreMetadata", "StoreParams", "allocate_client_id",
+    "allocate_server_id", "compute_assignment", "create_cluster", "delete_cluster", "format_partition_ranges",
+    "get_cluster_params", "list_cluster", "list_servers", "parse_partition_ranges", "read_assignment",
+]
