@@ -154,6 +154,10 @@ class ClientConfig:
     mount_timeout: float = key(10.0, "Seconds to wait for a partition to mount before an append fails.")
     num_retry_workers: int = key(1, "Concurrent re-executions of failed transaction contexts.")
     data_fetch_attempts: int = key(5, "Attempts to fetch a transaction's data when its checksum does not match.")
+    data_fetch_timeout: float = key(60.0, "Seconds a transaction data fetch keeps retrying RPC failures (backoff 10 ms to 5 s).")
+    rpc_timeout: float = key(10.0, "Seconds to wait for one RPC answer (transaction data, high-water mark).")
+    reconnect_delay: float = key(1.0, "Seconds before a stream connection that could not be opened is tried again.")
+    num_consumer_threads: int = key(10, "WaltzClient (sync) threads running apply callbacks; partitions are sharded over them.")
 
 
 @attrs.frozen
@@ -319,7 +323,10 @@ def load(cls: type[C], path: str | os.PathLike[str] | None = None, *, environ: M
     env = _env_overrides(cls, os.environ if environ is None else environ)
     for layer in (env, overrides or {}):
         for section, values in layer.items():
-            merged = dict(data.get(section, {}))
+            existing = data.get(section, {})
+            if not isinstance(existing, Mapping):  # e.g. `server = 5`: report it, do not crash in dict()
+                raise ConfigError(f"{label}: {section}: expected a table, got {existing!r}")
+            merged = dict(existing)
             merged.update(values)
             data[section] = merged
     try:

@@ -1,3 +1,29 @@
-"""Built-in plugin for the storage package: registers its backends and CLI commands (filled as the package grows)."""
+"""Built-in plugin for the storage package: the ``segmented`` layout and the ``storage``/``disk`` commands."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..hookspecs import hookimpl
+
+
+def _segmented(directory: str, config: Any = None) -> Any:
+    from .segmented import segmented_factory
+
+    return segmented_factory(directory, config)
+
+
+@hookimpl
+def waltz_register_storage_layouts(registry: Any) -> None:
+    registry.add("segmented", _segmented,
+                 description="the seed's layout: control file, .seq data + .idx index segments, group commit")
+
+
+@hookimpl
+def waltz_add_commands(cli: click.Group) -> None:
+    from .cli import disk_group, storage_group
+
+    cli.add_command(storage_group)
+    cli.add_command(disk_group)

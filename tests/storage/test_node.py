@@ -1,0 +1,258 @@
+"""The storage node over the memory transport: the ten requests, fencing, admin, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+
+from waltz_core.errors import (
+    ChecksumError,
+    ClusterKeyMismatchError,
+    ConnectionClosedError,
+    FrameTooLargeError,
+    HandshakeError,
+    OutOfOrderAppendError,
+    PartitionNotFoundError,
+    ProtocolError,
+    StaleSessionError,
+    StorageError,
+)
+from waltz_core.protocol import STORAGE
+from waltz_core.protocol import storage as sm
+from waltz_core.protocol.wire import Record, RecordHeader, SessionInfo
+from waltz_core.transport.channel import MessageChannel
+
+from .conftest import NodeHarness, make_record, make_records
+
+
+async def _ready(h: NodeHarness, *partitions: int) -> None:
+    admin = await h.admin()
+    await admin.set_assignment(list(partitions or (0,)), True)
+
+
+async def test_the_ten_requests(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    c = await harness.client()
+    assert await c.last_session_info(1, 0) == SessionInfo(-1, -1, -1)
+    await c.set_low_water_mark(1, 0, -1)
+    assert await c.max_transaction_id(1, 0) == -1
+    recs = make_records(0, 30)
+    await c.append(1, 0, recs[:10])
+    await c.append(1, 0, recs[10:])
+    assert await c.max_transaction_id(1, 0) == 29
+    assert await c.record(1, 0, 12) == recs[12]
+    assert await c.record(1, 0, 30) is None
+    assert await c.record_header(1, 0, 5) == RecordHeader(5, recs[5].req_id, recs[5].header)
+    assert await c.record_header(1, 0, 99) is None
+    assert await c.record_list(1, 0, 25, 100) == tuple(recs[25:])
+    assert [h.transaction_id for h in await c.record_header_list(1, 0, 3, 4)] == [3, 4, 5, 6]
+    await c.truncate(1, 0, 19)
+    assert await c.max_transaction_id(1, 0) == 19
+    await c.set_low_water_mark(2, 0, 25)  # new session; storage behind the cluster: local lwm 19
+    assert await c.last_session_info(2, 0) == SessionInfo(2, 25, 19)
+
+
+async def test_session_fencing_higher_wins_lower_rejected_from_then_on(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    old = await harness.client()
+    new = await harness.client()
+    await old.append(5, 0, make_records(0, 2))
+    await new.last_session_info(6, 0)  # a new session's recovery fences session 5
+    with pytest.raises(StaleSessionError, match="session 5 is fenced by the newer session 6"):
+        await old.append(5, 0, make_records(2, 1))
+    with pytest.raises(StaleSessionError):
+        await old.record(5, 0, 0)
+    await new.append(6, 0, make_records(2, 1))
+    assert await new.max_transaction_id(6, 0) == 2
+
+
+async def test_fencing_survives_restart_through_the_control_file(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    c = await harness.client()
+    await c.set_low_water_mark(9, 0, -1)
+    await harness.restart()
+    c = await harness.client()
+    with pytest.raises(StaleSessionError):
+        await c.max_transaction_id(8, 0)
+    assert await c.max_transaction_id(9, 0) == -1
+
+
+async def test_bad_requests_get_clear_failures_and_the_node_keeps_serving(harness: NodeHarness) -> None:
+    await _ready(harness, 0, 1)
+    good = await harness.client()
+    bad = await harness.client()
+    await good.append(1, 1, make_records(0, 3, 1))
+    with pytest.raises(OutOfOrderAppendError, match="transaction out of order.*has id 5, the next id must be 0"):
+        await bad.append(1, 0, make_records(5, 1))
+    with pytest.raises(PartitionNotFoundError, match="partition 2 is not assigned"):
+        await bad.max_transaction_id(1, 2)
+    with pytest.raises(PartitionNotFoundError, match="partition 99 does not exist"):
+        await bad.max_transaction_id(1, 99)
+    corrupt = make_record(0)
+    corrupt = Record(0, corrupt.req_id, corrupt.header, corrupt.data, corrupt.checksum ^ 1)
+    with pytest.raises(ChecksumError, match="data checksum"):
+        await bad.append(1, 0, [corrupt])
+    with pytest.raises(StorageError, match="max_records must not be negative"):
+        await bad.record_list(1, 0, 0, -1)
+    with pytest.raises(ClusterKeyMismatchError, match="does not match"):
+        await harness.client(cluster_key=uuid.uuid4())
+    with pytest.raises(ClusterKeyMismatchError, match="3 partitions requested"):
+        await harness.client(num_partitions=3)
+    # The same connection still works after its refusals, and so does the other one.
+    await bad.append(1, 0, make_records(0, 2))
+    assert await bad.max_transaction_id(1, 0) == 1
+    assert await good.max_transaction_id(1, 1) == 2
+
+
+async def test_requests_before_open_are_refused(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    conn = await harness.transport.connect(harness.data_listener.address)
+    ch = await MessageChannel.open(conn, STORAGE, "test")
+    await ch.send(sm.MaxTransactionIdRequest(1, 7, 0))
+    resp = await ch.recv()
+    assert isinstance(resp, sm.FailureResponse) and resp.seq_num == 7
+    assert "send an OpenRequest" in resp.message
+    await ch.close()
+
+
+async def test_undecodable_bytes_close_only_that_connection(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    other = await harness.client()
+    conn = await harness.transport.connect(harness.data_listener.address)
+    ch = await MessageChannel.open(conn, STORAGE, "test")
+    await conn.send(b"\x63" + b"garbage" * 5)
+    resp = await ch.recv()
+    assert isinstance(resp, sm.FailureResponse) and resp.seq_num == -1
+    assert resp.error_type == "ProtocolError" and "unknown message type" in resp.message
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(ch.recv(), 2)
+    assert await other.max_transaction_id(1, 0) == -1
+
+
+async def test_wrong_protocol_is_refused_at_handshake(harness: NodeHarness) -> None:
+    from waltz_core.protocol import ADMIN
+
+    conn = await harness.transport.connect(harness.data_listener.address)
+    with pytest.raises(HandshakeError, match="speaks the storage protocol, this endpoint speaks storage admin"):
+        await MessageChannel.open(conn, ADMIN, "confused")
+
+
+async def test_oversize_frame_is_refused_and_other_requests_continue(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    c = await harness.client()
+    huge = make_record(0, b"x" * (2 * 1024 * 1024))  # above the 1 MiB max frame
+    with pytest.raises(FrameTooLargeError, match="exceeds the maximum"):
+        await c.append(1, 0, [huge])
+    await c.append(1, 0, make_records(0, 1))
+    assert await c.max_transaction_id(1, 0) == 0
+
+
+async def test_offline_flag_semantics(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    admin = await harness.admin()
+    c = await harness.client()
+    await c.set_low_water_mark(3, 0, -1)
+    with pytest.raises(StorageError, match="offline recovery requests need it made unavailable"):
+        await c.max_transaction_id(3, 0, offline=True)
+    await admin.set_availability([0], False)
+    with pytest.raises(PartitionNotFoundError, match="not available"):
+        await c.max_transaction_id(3, 0)
+    with pytest.raises(StaleSessionError, match="stored session is 3"):
+        await c.append(4, 0, make_records(0, 1), offline=True)
+    await c.append(3, 0, make_records(0, 2), offline=True)
+    assert await c.max_transaction_id(3, 0, offline=True) == 1
+    assert await admin.record_list(0, 0, 10) == tuple(make_records(0, 2))
+    assert await admin.assigned_partition_status() == {0: False}
+    await admin.set_availability([0], True)
+    assert await c.max_transaction_id(3, 0) == 1
+
+
+async def test_admin_assignment_and_deletion(harness: NodeHarness) -> None:
+    admin = await harness.admin()
+    c = await harness.client()
+    await admin.set_assignment([2, 3], True)
+    assert await admin.assigned_partition_status() == {2: True, 3: True}
+    await c.append(1, 2, make_records(0, 4, 2))
+    await c.set_low_water_mark(1, 2, 3)
+    assert await admin.last_session_info(2) == SessionInfo(1, 3, 3)
+    await admin.set_assignment([2], False)
+    with pytest.raises(PartitionNotFoundError):
+        await c.max_transaction_id(1, 2)
+    await admin.set_assignment([2], True)  # files kept: the data is back
+    assert await c.max_transaction_id(1, 2) == 3
+    await admin.set_assignment([2], False, delete_storage_files=True)
+    assert not (harness.directory / "2").exists()
+    await admin.set_assignment([2], True)
+    assert await c.max_transaction_id(1, 2) == -1
+    with pytest.raises(PartitionNotFoundError):
+        await admin.set_availability([0], True)
+    metrics = json.loads(await admin.metrics_json())
+    appended = {tuple(sorted(r["labels"].items())): r["value"] for r in metrics["waltz_storage_appended_records"]}
+    assert appended[(("partition", "2"),)] == 4
+
+
+async def test_group_commit_batches_concurrent_appends(harness: NodeHarness) -> None:
+    await _ready(harness, 0)
+    c = await harness.client()
+    await asyncio.gather(*(c.append(1, 0, [make_record(t)]) for t in range(60)))
+    assert await c.record_list(1, 0, 0, 100) == tuple(make_records(0, 60))
+    node = harness.node
+    assert node is not None
+    batches = node.metrics.counter("storage_append_batches", labels={"partition": "0"}).value
+    assert batches < 60, "concurrent appends must share fdatasyncs"
+
+
+async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> None:
+    h = NodeHarness(tmp_path, cluster_key)
+    await h.start()
+    try:
+        node = h.node
+        assert node is not None
+        await _ready(h, 0)
+        worker = node.workers[0]
+        c = await h.client()
+        gate = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # Block the partition's thread; requests pile up in its bounded queue.
+        blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
+        await asyncio.sleep(0.05)
+        tasks = [asyncio.ensure_future(c.append(1, 0, [make_record(t)])) for t in range(node.queue_size + 20)]
+        await asyncio.sleep(0.2)
+        assert worker.queue.qsize() == node.queue_size  # full: the connection is no longer read
+        other = await h.client()
+        await _ready(h, 1)  # partition 1 progresses while partition 0 is stuck
+        await other.append(1, 1, make_records(0, 1, 1))
+        gate.set()
+        await blocker
+        await asyncio.gather(*tasks)
+        assert await c.max_transaction_id(1, 0) == node.queue_size + 19
+    finally:
+        await h.stop()
+
+
+async def test_restart_keeps_every_acknowledged_record(harness: NodeHarness) -> None:
+    await _ready(harness, 0, 1)
+    c = await harness.client()
+    recs = make_records(0, 200)
+    for i in range(0, 200, 17):
+        await c.append(1, 0, recs[i : i + 17])
+    await harness.restart()
+    c = await harness.client()
+    got: list[Record] = []
+    while len(got) < 200:
+        got.extend(await c.record_list(1, 0, len(got), 64))
+    assert got == recs
+    assert harness.node is not None and harness.node.repairs == []
+
+
+async def test_responses_are_not_protocol_requests(harness: NodeHarness) -> None:
+    conn = await harness.transport.connect(harness.data_listener.address)
+    ch = await MessageChannel.open(conn, STORAGE, "test")
+    await ch.send(sm.SuccessResponse(1, 4, 0))
+    resp = await ch.recv()
+    assert isinstance(resp, sm.FailureResponse) and resp.seq_num == 4
+    assert resp.error_type == ProtocolError.__name__
+    await ch.close()

@@ -1,0 +1,166 @@
+"""A real storage process (`waltz storage start`) over TCP: CLI admin, data, HTTP, kill -9 and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from waltz_core.config import TransportConfig
+from waltz_core.errors import ConnectionClosedError, FrameTooLargeError, ProtocolError
+from waltz_core.plugins import default_registries
+from waltz_core.storage.client import StorageClient
+from waltz_core.testing import require
+from waltz_core.transport import open_transport
+
+from .conftest import make_record, make_records
+
+WALTZ = [str(Path(sys.executable).parent / "waltz")]
+
+
+def _tcp_available() -> bool:
+    return "tcp" in default_registries().transport
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StorageProcess:
+    def __init__(self, directory: Path, key: uuid.UUID, max_frame_size: int = 1 << 20) -> None:
+        self.key = key
+        self.config = directory / "storage.toml"
+        self.config.write_text(
+            f'[storage]\ndirectory = "{directory / "data"}"\nport = 0\nadmin_port = 0\nindex_checkpoint_interval = 50\n'
+            f'[transport]\nname = "tcp"\nmax_frame_size = {max_frame_size}\n[http]\nport = {_free_port()}\n')
+        self.proc: subprocess.Popen[str] | None = None
+        self.data = self.admin = self.http = ""
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [*WALTZ, "storage", "start", "--config", str(self.config), "--cluster-key", str(self.key),
+             "--num-partitions", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"data=(\S+) admin=(\S+) http=(\S+)", line)
+        if not m:
+            self.proc.kill()
+            _out, err = self.proc.communicate(timeout=30)
+            raise AssertionError(f"storage did not start: {line!r} {err}")
+        self.data, self.admin, self.http = m.groups()
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*WALTZ, "storage", *args, "-s", self.admin, "--cluster-key", str(self.key),
+                               "--num-partitions", "2"], capture_output=True, text=True, timeout=60)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout=30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return rc
+
+
+@pytest.fixture
+def storage_process(tmp_path: Path) -> Iterator[StorageProcess]:
+    require(_tcp_available(), "the tcp transport plugin")
+    sp = StorageProcess(tmp_path, uuid.uuid4(), max_frame_size=64 * 1024)
+    sp.start()
+    try:
+        yield sp
+    finally:
+        if sp.proc is not None and sp.proc.poll() is None:
+            sp.stop(signal.SIGKILL)
+
+
+@pytest.mark.slow
+async def test_real_process_admin_data_http_and_kill(storage_process: StorageProcess) -> None:
+    sp = storage_process
+    result = await asyncio.to_thread(sp.cli, "add-partition", "-p", "0-1")
+    assert result.returncode == 0, result.stderr
+    transport = open_transport(TransportConfig(name="tcp", max_frame_size=1 << 20))
+    client = await StorageClient.connect(transport, sp.data, sp.key, 2)
+    recs = make_records(0, 120)
+    for i in range(0, 120, 10):
+        await client.append(1, 0, recs[i : i + 10])
+    await client.set_low_water_mark(1, 0, 119)
+    # Oversize: the node's max frame is 64 KiB; the tcp transport closes that link (its contract), the
+    # node logs why, and every other link keeps being served.
+    big = await StorageClient.connect(transport, sp.data, sp.key, 2)
+    with pytest.raises((FrameTooLargeError, ProtocolError, ConnectionClosedError)):
+        await big.append(1, 1, [make_record(0, b"y" * 100_000)])
+    assert big.closed
+    assert await client.max_transaction_id(1, 0) == 119
+    await big.close()
+
+    listing = await asyncio.to_thread(sp.cli, "list")
+    assert listing.returncode == 0, listing.stderr
+    assert "119" in listing.stdout
+    metrics = urllib.request.urlopen(f"http://{sp.http}/metrics", timeout=10).read().decode()
+    assert 'waltz_storage_appended_records_total{partition="0"} 120' in metrics
+    assert urllib.request.urlopen(f"http://{sp.http}/ping", timeout=10).read() == b"pong\n"
+    await client.close()
+
+    sp.stop(signal.SIGKILL)  # no clean shutdown: the restart must recover from the files alone
+    sp.start()
+    client = await StorageClient.connect(transport, sp.data, sp.key, 2)
+    got = []
+    while len(got) < 120:
+        got.extend(await client.record_list(1, 0, len(got), 50))
+    assert got == recs
+    info = await client.last_session_info(1, 0)
+    assert (info.session_id, info.low_water_mark, info.local_low_water_mark) == (1, 119, 119)
+    await client.close()
+    await transport.aclose()
+    assert sp.stop() == 0
+
+
+def test_disk_tools_on_a_stopped_node(storage_process: StorageProcess) -> None:
+    sp = storage_process
+    assert sp.cli("add-partition", "-p", "0").returncode == 0
+
+    async def write() -> None:
+        transport = open_transport(TransportConfig(name="tcp"))
+        client = await StorageClient.connect(transport, sp.data, sp.key, 2)
+        await client.append(1, 0, make_records(0, 7))
+        await client.close()
+        await transport.aclose()
+
+    asyncio.run(write())
+    assert sp.stop() == 0
+    data = Path(str(sp.config).replace("storage.toml", "data"))
+    (segment,) = (data / "0").glob("*.seq")
+
+    def disk(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*WALTZ, "disk", *args], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "COLUMNS": "200"})
+
+    ok = disk("verify-segment", str(segment))
+    assert ok.returncode == 0 and "7 records verified, 0 failures" in ok.stdout, ok.stdout + ok.stderr
+    stats = disk("segment-stats", str(segment))
+    assert "records" in stats.stdout and " 7 " in stats.stdout
+    dump = disk("dump-segment", str(segment), "-t", "3")
+    assert "cluster key" in dump.stdout and str(sp.key) in dump.stdout
+    ctl = disk("dump-control-file", str(data / "waltz-storage.ctl"))
+    assert str(sp.key) in ctl.stdout and "assigned,available" in ctl.stdout
+    raw = bytearray(segment.read_bytes())
+    raw[200] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+    bad = disk("verify-segment", str(segment))
+    assert bad.returncode == 1 and "fails its record checksum" in bad.stdout

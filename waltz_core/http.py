@@ -1,0 +1,123 @@
+"""A tiny asyncio HTTP/1.1 endpoint: ``/ping``, ``/health``, ``/metrics``, ``/buildinfo`` plus extra routes.
+
+Shared by the storage node and the Waltz server (original: Jetty with riff servlets). One
+request per connection (``Connection: close``), GET/HEAD only, bounded request head; a bad
+request gets a 400 and never disturbs the process. Runs on the caller's event loop.
+
+* ``/ping`` -> ``pong``;
+* ``/health`` -> JSON ``{"healthy": bool, ...details}``, 200 when healthy, 500 otherwise
+  (``?pretty=true`` indents);
+* ``/metrics`` -> Prometheus text exposition of a :class:`~waltz_core.metrics.MetricsRegistry`;
+* ``/buildinfo`` -> JSON ``{"version", "service_name"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import attrs
+
+from .metrics import MetricsRegistry
+
+log = logging.getLogger("waltz.http")
+
+MAX_HEAD = 16 * 1024
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+
+
+@attrs.frozen(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+
+Route = Callable[[Mapping[str, list[str]]], Awaitable[HttpResponse]]
+HealthCheck = Callable[[], tuple[bool, Mapping[str, Any]]]
+
+
+class HttpEndpoint:
+    """Serve the standard routes plus ``routes`` (path -> async handler(query) -> HttpResponse)."""
+
+    def __init__(self, *, service_name: str, version: str, metrics: MetricsRegistry | None = None,
+                 health: HealthCheck | None = None, routes: Mapping[str, Route] | None = None) -> None:
+        self.service_name = service_name
+        self.version = version
+        self.metrics = metrics
+        self.health = health
+        self.routes: dict[str, Route] = {"/ping": self._ping, "/health": self._health, "/metrics": self._metrics,
+                                         "/buildinfo": self._buildinfo}
+        self.routes.update(routes or {})
+        self._server: asyncio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        assert self._server is not None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        method = "GET"
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                method, target, _version = request_line.split(" ", 2)
+            except (ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError):
+                response = HttpResponse(400, b"bad request\n")
+            else:
+                response = await self._dispatch(method, target)
+            reason = _REASONS.get(response.status, "")
+            body = b"" if method == "HEAD" else response.body
+            writer.write(
+                f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n"
+                f"Content-Length: {len(response.body)}\r\nConnection: close\r\n\r\n".encode("latin-1") + body)
+            await writer.drain()
+        except (ConnectionError, OSError) as exc:
+            log.debug("http client went away: %s", exc)
+        finally:
+            writer.close()
+
+    async def _dispatch(self, method: str, target: str) -> HttpResponse:
+        if method not in ("GET", "HEAD"):
+            return HttpResponse(405, b"only GET and HEAD\n")
+        parts = urlsplit(target)
+        route = self.routes.get(parts.path)
+        if route is None:
+            return HttpResponse(404, f"no route {parts.path}; try {', '.join(sorted(self.routes))}\n".encode())
+        try:
+            return await route(parse_qs(parts.query))
+        except Exception as exc:  # a failing route must not break the endpoint
+            log.exception("http route %s failed", parts.path)
+            return HttpResponse(500, f"{type(exc).__name__}: {exc}\n".encode())
+
+    async def _ping(self, _query: Mapping[str, list[str]]) -> HttpResponse:
+        return HttpResponse(200, b"pong\n")
+
+    async def _health(self, query: Mapping[str, list[str]]) -> HttpResponse:
+        healthy, details = self.health() if self.health is not None else (True, {})
+        indent = 2 if query.get("pretty", ["false"])[0] == "true" else None
+        body = json.dumps({"healthy": healthy, **details}, indent=indent, default=str).encode() + b"\n"
+        return HttpResponse(200 if healthy else 500, body, "application/json")
+
+    async def _metrics(self, _query: Mapping[str, list[str]]) -> HttpResponse:
+        text = self.metrics.render_prometheus() if self.metrics is not None else ""
+        return HttpResponse(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    async def _buildinfo(self, _query: Mapping[str, list[str]]) -> HttpResponse:
+        body = json.dumps({"version": self.version, "service_name": self.service_name}).encode() + b"\n"
+        return HttpResponse(200, body, "application/json")

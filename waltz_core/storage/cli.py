@@ -1,0 +1,340 @@
+"""``waltz storage ...`` (start a node, admin commands) and ``waltz disk ...`` (offline file tools).
+
+Heavy imports happen inside the callbacks so ``waltz --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from ..errors import ConfigError
+
+T = TypeVar("T")
+
+
+def parse_partitions(text: str) -> list[int]:
+    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            if dash:
+                out.extend(range(int(lo), int(hi) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise click.BadParameter(f"{part!r} is not a partition id or range like 0-3") from None
+    if not out:
+        raise click.BadParameter("no partition given")
+    return out
+
+
+def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--num-partitions", type=int, help="Partition count (default: read from coordination).")(fn)
+    fn = click.option("--cluster-key", type=click.UUID, help="Cluster key (default: read from coordination).")(fn)
+    fn = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+                      help="CLI config (transport, coordination).")(fn)
+    return fn
+
+
+async def _params(config: Any, cluster_key: uuid.UUID | None, num_partitions: int | None) -> tuple[uuid.UUID, int]:
+    if cluster_key is not None and num_partitions is not None:
+        return cluster_key, num_partitions
+    from .process import store_params_from_coordination
+
+    return await store_params_from_coordination(config)
+
+
+def _run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+async def _with_admin(config_path: str | None, address: str, cluster_key: uuid.UUID | None,
+                      num_partitions: int | None, action: Callable[[Any], Awaitable[T]]) -> T:
+    from ..config import CliConfig, load
+    from ..transport import open_transport
+    from .client import StorageAdminClient
+
+    config = load(CliConfig, config_path)
+    key, n = await _params(config, cluster_key, num_partitions)
+    transport = open_transport(config.transport)
+    client = await StorageAdminClient.connect(transport, address, key, n)
+    try:
+        return await action(client)
+    finally:
+        await client.close()
+        await transport.aclose()
+
+
+# ------------------------------------------------------------------------------------ storage
+
+
+@click.group("storage")
+def storage_group() -> None:
+    """Run a storage node and administer it through its admin port."""
+
+
+@storage_group.command("start")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="storage.toml")
+@click.option("--cluster-key", type=click.UUID, help="Cluster key (default: read from coordination).")
+@click.option("--num-partitions", type=int, help="Partition count (default: read from coordination).")
+def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
+    """Start a storage node (data port, admin port, optional HTTP) and run until SIGTERM/SIGINT."""
+    from ..config import StorageProcessConfig, load
+    from .process import run_storage
+
+    if (cluster_key is None) != (num_partitions is None):
+        raise ConfigError("--cluster-key and --num-partitions go together")
+    config = load(StorageProcessConfig, config_path)
+    _run(run_storage(config, cluster_key=cluster_key, num_partitions=num_partitions))
+
+
+_server_option = click.option("-s", "--storage", "address", required=True, help="host:admin_port of the storage node.")
+
+
+@storage_group.command("list")
+@_server_option
+@_cluster_options
+def list_command(address: str, config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
+    """Assigned partitions with their session id, low-water marks and availability."""
+    from rich.console import Console
+    from rich.table import Table
+
+    async def action(admin: Any) -> list[tuple[int, bool, Any]]:
+        status = await admin.assigned_partition_status()
+        return [(pid, ok, await admin.last_session_info(pid)) for pid, ok in sorted(status.items())]
+
+    rows = _run(_with_admin(config_path, address, cluster_key, num_partitions, action))
+    table = Table(title=f"Partitions on {address}", title_justify="left")
+    for col in ("partition", "session id", "low-water mark", "local low-water mark", "assigned", "available"):
+        table.add_column(col, justify="right")
+    for pid, ok, info in rows:
+        table.add_row(str(pid), str(info.session_id), str(info.low_water_mark), str(info.local_low_water_mark),
+                      "yes", "yes" if ok else "no")
+    Console().print(table)
+
+
+@storage_group.command("add-partition")
+@_server_option
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids, e.g. 0-3,7.")
+@_cluster_options
+def add_partition(address: str, partitions: str, config_path: str | None, cluster_key: uuid.UUID | None,
+                  num_partitions: int | None) -> None:
+    """Assign partitions to the node (creates their files; they are available at once)."""
+    ids = parse_partitions(partitions)
+    _run(_with_admin(config_path, address, cluster_key, num_partitions, lambda a: a.set_assignment(ids, True)))
+    click.echo(f"assigned partitions {ids} on {address}")
+
+
+@storage_group.command("remove-partition")
+@_server_option
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids, e.g. 0-3,7.")
+@click.option("-d", "--delete-storage-files", is_flag=True, help="Also delete the partitions' segment files.")
+@_cluster_options
+def remove_partition(address: str, partitions: str, delete_storage_files: bool, config_path: str | None,
+                     cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
+    """Unassign partitions from the node (files kept unless --delete-storage-files)."""
+    ids = parse_partitions(partitions)
+    _run(_with_admin(config_path, address, cluster_key, num_partitions,
+                     lambda a: a.set_assignment(ids, False, delete_storage_files=delete_storage_files)))
+    click.echo(f"unassigned partitions {ids} on {address}" + (" and deleted their files" if delete_storage_files else ""))
+
+
+@storage_group.command("availability")
+@_server_option
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids, e.g. 0-3,7.")
+@click.option("--online/--offline", "online", required=True, help="Make the partitions available or not.")
+@_cluster_options
+def availability(address: str, partitions: str, online: bool, config_path: str | None, cluster_key: uuid.UUID | None,
+                 num_partitions: int | None) -> None:
+    """Toggle read/write availability (offline recovery needs a partition offline)."""
+    ids = parse_partitions(partitions)
+    _run(_with_admin(config_path, address, cluster_key, num_partitions, lambda a: a.set_availability(ids, online)))
+    click.echo(f"partitions {ids} on {address} are now {'online' if online else 'offline'}")
+
+
+@storage_group.command("max-transaction-id")
+@click.option("-s", "--storage", "admin_address", required=True, help="host:admin_port (for the session id).")
+@click.option("--storage-port", "data_address", required=True, help="host:data_port of the same node.")
+@click.option("-p", "--partition", type=int, required=True)
+@click.option("-o", "--offline", is_flag=True, help="Use the offline-recovery flag (partition must be offline).")
+@_cluster_options
+def max_transaction_id(admin_address: str, data_address: str, partition: int, offline: bool, config_path: str | None,
+                       cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
+    """Print the partition's max transaction id."""
+
+    async def main() -> int:
+        from ..config import CliConfig, load
+        from ..transport import open_transport
+        from .client import StorageAdminClient, StorageClient
+
+        config = load(CliConfig, config_path)
+        key, n = await _params(config, cluster_key, num_partitions)
+        transport = open_transport(config.transport)
+        admin = await StorageAdminClient.connect(transport, admin_address, key, n)
+        try:
+            session = (await admin.last_session_info(partition)).session_id
+            data = await StorageClient.connect(transport, data_address, key, n, role="waltz-cli")
+            try:
+                return await data.max_transaction_id(session, partition, offline=offline)
+            finally:
+                await data.close()
+        finally:
+            await admin.close()
+            await transport.aclose()
+
+    click.echo(f"Max Transaction ID: {_run(main())}")
+
+
+# --------------------------------------------------------------------------------------- disk
+
+
+@click.group("disk")
+def disk_group() -> None:
+    """Offline tools that read storage files directly (run them on a stopped node or a copy)."""
+
+
+@disk_group.command("verify-segment")
+@click.argument("segment", type=click.Path(exists=True, dir_okay=False))
+@click.option("-t", "--transaction", type=int, help="Verify only this transaction.")
+def verify_segment(segment: str, transaction: int | None) -> None:
+    """Check every record checksum and index entry of a segment; exit status 1 on failures."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .disktools import read_segment
+
+    report = read_segment(segment)
+    records = [r for r in report.records if transaction is None or r.transaction_id == transaction]
+    console = Console()
+    table = Table(title=report.path, title_justify="left")
+    for col in ("transaction", "offset", "length", "data checksum", "record checksum"):
+        table.add_column(col, justify="right")
+    shown = [r for r in records if not (r.data_checksum_ok and r.record_checksum_ok)][:100]
+    for r in shown:
+        table.add_row(str(r.transaction_id), str(r.offset), str(r.length), "ok" if r.data_checksum_ok else "BAD",
+                      "ok" if r.record_checksum_ok else "BAD")
+    if shown:
+        console.print(table)
+    for failure in report.failures[:100]:
+        console.print(f"[red]FAIL[/red] {failure}")
+    console.print(f"{len(records)} records verified, {len(report.failures)} failures, index entries "
+                  f"{report.index_entries} (checkpointed {report.index_checkpoint})")
+    if report.failures:
+        raise SystemExit(1)
+
+
+@disk_group.command("dump-segment")
+@click.argument("segment", type=click.Path(exists=True, dir_okay=False))
+@click.option("-m", "--metadata", is_flag=True, help="Only the header.")
+@click.option("-r", "--records", "records_only", is_flag=True, help="Only the records.")
+@click.option("-t", "--transaction", type=int, help="Only this transaction.")
+@click.option("--max-bytes", default=32, show_default=True, help="Data bytes shown per record.")
+def dump_segment(segment: str, metadata: bool, records_only: bool, transaction: int | None, max_bytes: int) -> None:
+    """Print a segment's header and records."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .disktools import read_segment
+
+    report = read_segment(segment)
+    console = Console()
+    if not records_only:
+        h = report.header
+        meta = Table(title=f"{report.path} header", title_justify="left", show_header=False)
+        if h is None:
+            meta.add_row("header", "CORRUPT")
+        else:
+            for k, v in (("version", h.version), ("creation time (ms)", h.creation_time), ("cluster key", h.cluster_key),
+                         ("partition", h.partition_id), ("first transaction", h.first_transaction_id)):
+                meta.add_row(k, str(v))
+        meta.add_row("records", str(len(report.records)))
+        meta.add_row("index entries (checkpointed)", f"{report.index_entries} ({report.index_checkpoint})")
+        console.print(meta)
+    if metadata:
+        return
+    table = Table(title="records", title_justify="left")
+    for col in ("transaction", "offset", "req id (client, gen, part, seq)", "header", "length", "checksums", "data"):
+        table.add_column(col)
+    for r in report.records:
+        if transaction is not None and r.transaction_id != transaction:
+            continue
+        ok = "ok" if r.data_checksum_ok and r.record_checksum_ok else "BAD"
+        preview = r.data[:max_bytes].hex() + ("…" if len(r.data) > max_bytes else "")
+        table.add_row(str(r.transaction_id), str(r.offset), f"{r.client_id}, {r.generation}, {r.partition_id}, {r.seq_num}",
+                      str(r.header), str(r.length), ok, preview)
+    console.print(table)
+
+
+@disk_group.command("dump-control-file")
+@click.argument("control_file", type=click.Path(exists=True))
+@click.option("-p", "--partition", type=int, help="Only this partition.")
+@click.option("-a", "--assigned", "assigned_only", is_flag=True, help="Only assigned partitions.")
+def dump_control_file(control_file: str, partition: int | None, assigned_only: bool) -> None:
+    """Print the control file: cluster key, partition infos (both structs), and the repair report."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .disktools import read_control_file
+
+    report = read_control_file(control_file)
+    console = Console()
+    h = report.header
+    if h is None:
+        console.print(f"[red]{report.path}: header fails its checksum[/red]")
+    else:
+        console.print(f"{report.path}: version {h.version}, created {h.creation_time} ms, cluster key {h.cluster_key}, "
+                      f"{h.num_partitions} partitions")
+    table = Table(title="partitions", title_justify="left")
+    for col in ("partition", "struct", "valid", "session id", "low-water mark", "local low-water mark", "flags",
+                "sequence", "current"):
+        table.add_column(col, justify="right")
+    for entry in report.partitions:
+        if partition is not None and entry.partition_id != partition:
+            continue
+        current = entry.current
+        if assigned_only and (current is None or not current.assigned):
+            continue
+        for i, info in enumerate(entry.structs):
+            if info is None:
+                table.add_row(str(entry.partition_id), str(i + 1), "[red]NO[/red]", "", "", "", "", "", "")
+                continue
+            flags = ",".join(n for n, on in (("assigned", info.assigned), ("available", info.available)) if on) or "-"
+            table.add_row(str(entry.partition_id), str(i + 1), "yes", str(info.session_id), str(info.low_water_mark),
+                          str(info.local_low_water_mark), flags, str(info.sequence_number),
+                          "*" if info is current else "")
+    console.print(table)
+    if report.repairs:
+        rtable = Table(title="repairs made when the node opened its files", title_justify="left")
+        for col in ("time (ms)", "partition", "file", "action", "why"):
+            rtable.add_column(col)
+        for r in report.repairs:
+            rtable.add_row(str(r.get("time")), str(r.get("partition")), str(r.get("file")), str(r.get("action")),
+                           str(r.get("detail")))
+        console.print(rtable)
+
+
+@disk_group.command("segment-stats")
+@click.argument("segment", type=click.Path(exists=True, dir_okay=False))
+def segment_stats_command(segment: str) -> None:
+    """Record count and data sizes of a segment (min, max, average, median)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .disktools import segment_stats
+
+    s = segment_stats(segment)
+    table = Table(title=s.path, title_justify="left", show_header=False)
+    for k, v in (("records", s.records), ("min data bytes", s.min_size), ("max data bytes", s.max_size),
+                 ("average data bytes", f"{s.avg_size:.1f}"), ("median data bytes", f"{s.median_size:.1f}"),
+                 ("total data bytes", s.total_data_bytes), ("file bytes", s.file_bytes)):
+        table.add_row(k, str(v))
+    Console().print(table)

@@ -1,0 +1,107 @@
+"""The storage-layout seam: how a storage node keeps its control data and partition logs on disk.
+
+A storage node touches files only through a :class:`StorageLayout` (registered under the
+``storage_layout`` registry kind, hook ``waltz_register_storage_layouts``; built-in:
+``segmented``). Layout methods block (file I/O, fdatasync): the node calls them from the
+partition's worker thread, never from the event loop, and calls one partition's store from
+one thread at a time. Layout errors are :mod:`waltz_core.errors` classes
+(:class:`~waltz_core.errors.StorageCorruptionError`,
+:class:`~waltz_core.errors.ClusterKeyMismatchError`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from ..protocol.wire import Record, RecordHeader
+from .format import ControlHeader, PartitionInfo
+
+
+@attrs.frozen(slots=True)
+class Repair:
+    """Something the layout fixed (or refused) when opening files; logged and shown by the tools."""
+
+    partition_id: int  #: -1 for the control file header
+    file: str
+    action: str  #: what was done, e.g. "truncated torn tail", "rebuilt index"
+    detail: str  #: why, in words an operator understands
+
+
+@runtime_checkable
+class PartitionStore(Protocol):
+    """One partition's log. Transaction ids are dense: 0, 1, 2, ... up to :attr:`max_transaction_id`."""
+
+    partition_id: int
+
+    @property
+    def max_transaction_id(self) -> int:
+        """The highest stored transaction id, -1 when empty."""
+
+    def append(self, records: Sequence[Record]) -> None:
+        """Write ``records`` (ids ``max_transaction_id + 1 ...``, checked by the caller) durably.
+
+        Durable on return with one fdatasync of the data file for the whole batch.
+        """
+
+    def truncate(self, transaction_id: int) -> None:
+        """Remove every transaction above ``transaction_id`` (durable on return)."""
+
+    def read_record(self, transaction_id: int) -> Record | None:
+        """The record, None if absent; StorageCorruptionError if it fails its checksums."""
+
+    def read_header(self, transaction_id: int) -> RecordHeader | None:
+        """The record's header, None if absent."""
+
+    def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Up to ``max_records`` consecutive records starting at ``transaction_id``."""
+
+    def read_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        """Up to ``max_records`` consecutive record headers starting at ``transaction_id``."""
+
+    def repairs(self) -> list[Repair]:
+        """What was repaired since the store was opened (torn tails, rebuilt indexes)."""
+
+    def close(self) -> None:
+        """Release file handles; idempotent."""
+
+
+@runtime_checkable
+class StorageLayout(Protocol):
+    """A storage directory: the control file plus one store per partition."""
+
+    directory: str
+
+    def open(self, cluster_key: uuid.UUID, num_partitions: int) -> ControlHeader:
+        """Open the control file, creating the directory and file if absent.
+
+        ClusterKeyMismatchError when an existing control file belongs to another cluster key or
+        another partition count.
+        """
+
+    def read_partition_info(self, partition_id: int) -> PartitionInfo:
+        """The newest valid partition-info struct (a torn one falls back to the other).
+
+        StorageCorruptionError when both structs fail their checksums.
+        """
+
+    def write_partition_info(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
+        """Write ``info`` over the older struct with the next sequence number; durable on return.
+
+        Returns what was written (with its sequence number).
+        """
+
+    def open_partition(self, partition_id: int) -> PartitionStore:
+        """Open (creating if absent) the partition's files, repairing a torn tail."""
+
+    def delete_partition_files(self, partition_id: int) -> None:
+        """Remove the partition's directory and segment files (the store must be closed)."""
+
+    def repairs(self) -> list[Repair]:
+        """Repairs made to the control file since open."""
+
+    def close(self) -> None:
+        """Release the control file; idempotent."""

@@ -1,0 +1,100 @@
+"""The storage node process (``waltz storage start``): config -> layout -> node -> listeners -> HTTP.
+
+Cluster key and partition count come from coordination (``<root>/store``) unless given
+explicitly (tests, offline use). Runs until ``stop`` is set or SIGINT/SIGTERM arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+from typing import Any
+
+from ..config import StorageProcessConfig
+from ..errors import ConfigError
+from ..http import HttpEndpoint
+from ..metrics import MetricsRegistry
+from ..plugins import core_version, default_plugin_manager, default_registries
+from ..transport import open_transport
+from .node import StorageNode
+
+log = logging.getLogger("waltz.storage")
+
+
+async def store_params_from_coordination(config: StorageProcessConfig) -> tuple[uuid.UUID, int]:
+    """Read the cluster key and partition count from the coordination backend."""
+    try:
+        from ..coordination import open_coordination
+        from ..coordination.recipes import StoreMetadata
+    except ImportError as exc:
+        raise ConfigError(
+            "reading the cluster key from coordination is not available in this build "
+            f"({exc}); pass --cluster-key and --num-partitions") from None
+    backend = open_coordination(config.coordination)
+    await backend.start()
+    try:
+        params = await StoreMetadata(backend, config.coordination.root).get_store_params()
+    finally:
+        await backend.close()
+    return params.cluster_key, params.num_partitions
+
+
+async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | None = None,
+                      num_partitions: int | None = None, stop: asyncio.Event | None = None,
+                      announce: bool = True) -> None:
+    """Run a storage node until ``stop`` is set (or a termination signal arrives)."""
+    if cluster_key is None or num_partitions is None:
+        cluster_key, num_partitions = await store_params_from_coordination(config)
+    cfg = config.storage
+    info = default_registries().resolve("storage_layout", cfg.layout)
+    layout = info.factory(cfg.directory, cfg)
+    metrics = MetricsRegistry()
+    name = f"storage-{cfg.host}:{cfg.port}"
+    node = StorageNode(layout, cluster_key, num_partitions, queue_size=cfg.queue_size,
+                       max_batch_records=cfg.max_batch_records, max_frame_size=config.transport.max_frame_size,
+                       metrics=metrics, name=name)
+    await node.start()
+    for rep in node.repairs:
+        log.warning("repaired at start: partition %d %s: %s (%s)", rep.partition_id, rep.file, rep.action, rep.detail)
+    transport = open_transport(config.transport)
+    listeners: list[Any] = []
+    http: HttpEndpoint | None = None
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    pm = default_plugin_manager()
+    try:
+        data = await transport.listen(cfg.host, cfg.port, node.serve_data)
+        listeners.append(data)
+        admin = await transport.listen(cfg.host, cfg.admin_port, node.serve_admin)
+        listeners.append(admin)
+        http_address = "disabled"
+        if config.http.port:
+            http = HttpEndpoint(service_name="waltz-storage", version=core_version(), metrics=metrics,
+                                health=node.healthy)
+            await http.start(config.http.host, config.http.port)
+            http_address = http.address
+        pm.hook.waltz_process_started(kind="storage", name=name, address=data.address)
+        if announce:
+            print(f"waltz storage ready data={data.address} admin={admin.address} http={http_address} "
+                  f"partitions={num_partitions} repairs={len(node.repairs)}", flush=True)
+        await stop.wait()
+    finally:
+        pm.hook.waltz_process_stopping(kind="storage", name=name)
+        if http is not None:
+            await http.close()
+        for listener in listeners:
+            await listener.close()
+        await node.close()
+        await transport.aclose()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError):
+                pass

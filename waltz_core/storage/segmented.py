@@ -1,0 +1,837 @@
+"""The ``segmented`` storage layout: the seed's control file, ``.seq`` data and ``.idx`` index segments.
+
+Durability rules (what a crash may leave and how opening repairs it):
+
+* appends write the batch with one ``pwrite`` and make it durable with one ``fdatasync`` of
+  the data file before returning; index entries are written without a sync and the index is
+  fdatasync'ed every ``index_checkpoint_interval`` records, after which the checkpointed entry
+  count is written into the index header. On open, only entries below that count are trusted
+  (after a plausibility check); records after them are rescanned and re-indexed;
+* a record that is short or fails its checksum at the tail of the last segment was never
+  acknowledged (its fdatasync did not return): the data file is truncated there;
+* a new segment's headers are synced before any record goes in; a segment left with no valid
+  header and no records by a crash during creation is removed;
+* partition-info structs alternate; a torn one falls back to the other.
+
+Every repair is logged and kept as a :class:`~.layout.Repair` for the node and the disk tools.
+Methods block; see :mod:`.layout` for the threading contract.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import logging
+import mmap
+import os
+import shutil
+import sys
+import time
+import uuid
+from array import array
+from collections import OrderedDict
+import json
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
+from ..protocol.wire import Record, RecordHeader, ReqId
+from .format import (
+    CONTROL_FILE_NAME,
+    DATA_SUFFIX,
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    I32,
+    INFO_SIZE,
+    PARTITION_ENTRY_SIZE,
+    RECORD_HEAD,
+    RECORD_OVERHEAD,
+    U32,
+    ControlHeader,
+    PartitionInfo,
+    SegmentHeader,
+    crc32,
+    decode_checkpoint,
+    decode_control_header,
+    decode_partition_info,
+    decode_segment_header,
+    encode_checkpoint,
+    encode_control_header,
+    encode_partition_info,
+    encode_segment_header,
+    parse_segment_name,
+    partition_entry_offset,
+    scan_records,
+    segment_name,
+    CHECKPOINT_OFFSET,
+    INDEX_SUFFIX,
+)
+from .layout import Repair
+
+if TYPE_CHECKING:
+    from ..config import StorageNodeConfig
+
+log = logging.getLogger("waltz.storage.layout")
+
+REPAIR_LOG_NAME = "waltz-storage-repairs.log"  #: JSON lines, one per repair, shown by `waltz disk`
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _pread_exact(fd: int, size: int, offset: int) -> bytes:
+    buf = os.pread(fd, size, offset)
+    if len(buf) == size:
+        return buf
+    parts = [buf]
+    got = len(buf)
+    while got < size:
+        more = os.pread(fd, size - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _offsets_to_bytes(values: array) -> bytes:
+    """Index entries as big-endian longs."""
+    if _LITTLE:
+        values = array("q", values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _offsets_from_bytes(raw: bytes) -> array:
+    values = array("q")
+    values.frombytes(raw[: len(raw) - len(raw) % 8])
+    if _LITTLE:
+        values.byteswap()
+    return values
+
+
+def index_is_plausible(offsets: array, data_size: int) -> str | None:
+    """Why the index entries cannot be right, or None. Cheap: no data is read."""
+    if not offsets:
+        return None
+    if offsets[0] != HEADER_SIZE:
+        return f"first entry is {offsets[0]}, expected {HEADER_SIZE}"
+    prev = offsets[0]
+    for i in range(1, len(offsets)):
+        cur = offsets[i]
+        if cur - prev < RECORD_OVERHEAD:
+            return f"entry {i} ({cur}) does not follow entry {i - 1} ({prev})"
+        prev = cur
+    if prev + RECORD_OVERHEAD > data_size:
+        return f"last entry {prev} points past the end of the data file ({data_size} bytes)"
+    return None
+
+
+# ----------------------------------------------------------------------------------- segment
+
+
+class Segment:
+    """One ``.seq`` + ``.idx`` pair with its offsets held in memory while open."""
+
+    __slots__ = ("first", "data_path", "index_path", "data_fd", "index_fd", "offsets", "data_end", "checkpointed",
+                 "synced", "written")
+
+    def __init__(self, first: int, data_path: Path, index_path: Path) -> None:
+        self.first = first
+        self.data_path = data_path
+        self.index_path = index_path
+        self.data_fd = -1
+        self.index_fd = -1
+        self.offsets = array("q")
+        self.data_end = HEADER_SIZE
+        self.checkpointed = 0  #: index entries counted in the header's checkpoint field
+        self.synced = 0  #: index entries made durable by the last index fdatasync
+        self.written = 0  #: index entries written to the index file (synced or not)
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets)
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.index_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.data_fd = self.index_fd = -1
+
+    def write_checkpoint(self, count: int) -> None:
+        _pwrite_all(self.index_fd, encode_checkpoint(count), CHECKPOINT_OFFSET)
+        self.checkpointed = count
+
+    def checkpoint_lagging(self) -> None:
+        """One fdatasync per interval: sync the entries, then record the count without a sync.
+
+        The count becomes durable with the next checkpoint's fdatasync, so on disk it always
+        trails entries that are already durable (never the other way round); an open after a
+        crash rescans at most two intervals.
+        """
+        self.write_entries()
+        os.fdatasync(self.index_fd)
+        self.synced = self.count
+        self.write_checkpoint(self.count)
+
+    def write_entries(self) -> None:
+        """Write the in-memory entries the index file does not hold yet (no sync)."""
+        if self.written < self.count:
+            _pwrite_all(self.index_fd, _offsets_to_bytes(self.offsets[self.written :]), HEADER_SIZE + 8 * self.written)
+            self.written = self.count
+
+    def sync_index(self) -> None:
+        """Make every index entry durable and record that in the header."""
+        self.write_entries()
+        os.fdatasync(self.index_fd)
+        self.write_checkpoint(self.count)
+        os.fdatasync(self.index_fd)
+        self.synced = self.count
+
+
+class SegmentedPartition:
+    """A partition directory of segments (implements :class:`~.layout.PartitionStore`)."""
+
+    def __init__(self, directory: Path, partition_id: int, cluster_key: uuid.UUID, *, segment_size_threshold: int,
+                 segment_cache_capacity: int, index_checkpoint_interval: int,
+                 on_repair: Callable[[Repair], None] | None = None) -> None:
+        self.partition_id = partition_id
+        self._on_repair = on_repair
+        self.directory = directory
+        self._cluster_key = cluster_key
+        self._threshold = segment_size_threshold
+        self._capacity = max(1, segment_cache_capacity)
+        self._interval = max(1, index_checkpoint_interval)
+        self._firsts: list[int] = []
+        self._tail: Segment | None = None
+        self._cache: OrderedDict[int, Segment] = OrderedDict()  # sealed segments, LRU
+        self._repairs: list[Repair] = []
+        self._closed = False
+        directory.mkdir(parents=True, exist_ok=True)
+        self._open()
+
+    # ------------------------------------------------------------------------------ opening
+    def _repair(self, file: Path | str, action: str, detail: str) -> None:
+        rep = Repair(self.partition_id, str(file), action, detail)
+        self._repairs.append(rep)
+        log.warning("partition %d: %s: %s (%s)", self.partition_id, file, action, detail)
+        if self._on_repair is not None:
+            self._on_repair(rep)
+
+    def repairs(self) -> list[Repair]:
+        return list(self._repairs)
+
+    def _paths(self, first: int) -> tuple[Path, Path]:
+        stem = segment_name(first)
+        return self.directory / (stem + DATA_SUFFIX), self.directory / (stem + INDEX_SUFFIX)
+
+    def _open(self) -> None:
+        firsts = []
+        for entry in os.listdir(self.directory):
+            first = parse_segment_name(entry)
+            if first is not None:
+                firsts.append(first)
+        firsts.sort()
+        known = {segment_name(f) for f in firsts}
+        for entry in os.listdir(self.directory):
+            if entry.endswith(INDEX_SUFFIX) and entry[: -len(INDEX_SUFFIX)] not in known:
+                os.unlink(self.directory / entry)
+                self._repair(self.directory / entry, "removed orphan index file", "its data file does not exist")
+        self._firsts = firsts
+        while self._firsts:
+            seg = self._recover_tail(self._firsts[-1])
+            if seg is not None:
+                self._tail = seg
+                break
+            self._firsts.pop()
+
+    def _check_header(self, seg: Segment, raw: bytes, what: str) -> None:
+        hdr = decode_segment_header(raw)
+        if hdr is None:
+            raise StorageCorruptionError(f"partition {self.partition_id}: {what} {seg.data_path} has a corrupt header")
+        if hdr.first_transaction_id != seg.first or hdr.partition_id != self.partition_id:
+            raise StorageCorruptionError(
+                f"partition {self.partition_id}: {what} {seg.data_path} header says partition {hdr.partition_id}, "
+                f"first transaction {hdr.first_transaction_id}; the file name says {seg.first}")
+        if hdr.cluster_key != self._cluster_key:
+            raise ClusterKeyMismatchError(
+                f"partition {self.partition_id}: segment {seg.data_path} belongs to cluster {hdr.cluster_key}, "
+                f"this storage belongs to {self._cluster_key}")
+
+    def _recover_tail(self, first: int) -> Segment | None:
+        """Open the last segment for appends, truncating a torn tail and rebuilding the index."""
+        data_path, index_path = self._paths(first)
+        seg = Segment(first, data_path, index_path)
+        seg.data_fd = os.open(data_path, os.O_RDWR)
+        try:
+            size = os.fstat(seg.data_fd).st_size
+            head = _pread_exact(seg.data_fd, HEADER_SIZE, 0)
+            if decode_segment_header(head) is None and size <= HEADER_SIZE:
+                seg.close()
+                os.unlink(data_path)
+                if index_path.exists():
+                    os.unlink(index_path)
+                _fsync_dir(self.directory)
+                self._repair(data_path, "removed empty segment", "its header was never completely written (crash while creating it)")
+                return None
+            self._check_header(seg, head, "data file")
+            # Index: trust checkpointed entries that pass a plausibility check.
+            trusted = array("q")
+            rebuild_reason = ""
+            if index_path.exists():
+                seg.index_fd = os.open(index_path, os.O_RDWR)
+                raw = _pread_exact(seg.index_fd, os.fstat(seg.index_fd).st_size, 0)
+                if decode_segment_header(raw[:HEADER_SIZE]) is None:
+                    rebuild_reason = "index header is corrupt"
+                else:
+                    count = decode_checkpoint(raw)
+                    trusted = _offsets_from_bytes(raw[HEADER_SIZE : HEADER_SIZE + 8 * count])
+                    if len(trusted) < count:
+                        rebuild_reason = f"index holds {len(trusted)} entries, its checkpoint says {count}"
+                        trusted = array("q")
+                    else:
+                        why = index_is_plausible(trusted, size)
+                        if why is None and trusted:
+                            why = self._spot_check(seg, trusted)
+                        if why is not None:
+                            rebuild_reason = f"index entries failed validation: {why}"
+                            trusted = array("q")
+            else:
+                rebuild_reason = "index file is missing"
+            if rebuild_reason:
+                if seg.index_fd >= 0:
+                    os.close(seg.index_fd)
+                seg.index_fd = self._create_index_file(seg)
+            start = HEADER_SIZE
+            if trusted:
+                last = trusted[-1]
+                one = _pread_exact(seg.data_fd, RECORD_HEAD.size, last)
+                length = RECORD_HEAD.unpack(one)[6] if len(one) == RECORD_HEAD.size else -1
+                start = last + RECORD_OVERHEAD + max(length, 0)
+                if length < 0 or start > size:
+                    rebuild_reason = "last checkpointed index entry does not point at a record"
+                    trusted = array("q")
+                    start = HEADER_SIZE
+            # Scan everything after the trusted entries (mmap: no copy of the data file).
+            scanned: list[int] = []
+            end = start
+            error = None
+            if size > start:
+                with mmap.mmap(seg.data_fd, 0, access=mmap.ACCESS_READ) as mm:
+                    view = memoryview(mm)
+                    try:
+                        result = scan_records(view, start, size, first + len(trusted))
+                    finally:
+                        view.release()
+                scanned, end, error = result.offsets, result.end, result.error
+            if end < size:
+                os.ftruncate(seg.data_fd, end)
+                os.fdatasync(seg.data_fd)
+                self._repair(data_path, f"truncated {size - end} bytes at offset {end}",
+                             f"{error}; the record was never acknowledged")
+            if rebuild_reason:
+                self._repair(index_path, f"rebuilt index from the data file ({len(trusted) + len(scanned)} entries)",
+                             rebuild_reason)
+            durable = len(trusted)
+            trusted.extend(scanned)
+            seg.offsets = trusted
+            seg.data_end = end
+            # Persist the re-indexed entries (all of them after a rebuild) and checkpoint the index.
+            write_from = 0 if rebuild_reason else durable
+            _pwrite_all(seg.index_fd, _offsets_to_bytes(trusted[write_from:]), HEADER_SIZE + 8 * write_from)
+            seg.written = len(trusted)
+            os.ftruncate(seg.index_fd, HEADER_SIZE + 8 * len(trusted))
+            if scanned or rebuild_reason:
+                seg.sync_index()
+            else:
+                seg.checkpointed = seg.synced = len(trusted)
+            return seg
+        except BaseException:
+            seg.close()
+            raise
+
+    def _spot_check(self, seg: Segment, offsets: array) -> str | None:
+        """Read the transaction id at each checkpoint boundary entry (cheap: one read per interval)."""
+        step = self._interval
+        for i in list(range(step - 1, len(offsets), step)) + [len(offsets) - 1]:
+            raw = _pread_exact(seg.data_fd, 8, offsets[i])
+            if len(raw) < 8 or int.from_bytes(raw, "big", signed=True) != seg.first + i:
+                return f"entry {i} does not point at transaction {seg.first + i}"
+        return None
+
+    def _create_index_file(self, seg: Segment) -> int:
+        hdr = SegmentHeader(FORMAT_VERSION, _now_ms(), self._cluster_key, self.partition_id, seg.first)
+        fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        _pwrite_all(fd, encode_segment_header(hdr, checkpoint=0), 0)
+        os.fdatasync(fd)
+        return fd
+
+    def _load_sealed(self, index: int) -> Segment:
+        """Open a sealed (not last) segment for reads; rebuild its index if it does not fit."""
+        first = self._firsts[index]
+        expected = self._firsts[index + 1] - first
+        data_path, index_path = self._paths(first)
+        seg = Segment(first, data_path, index_path)
+        seg.data_fd = os.open(data_path, os.O_RDWR)
+        try:
+            size = os.fstat(seg.data_fd).st_size
+            self._check_header(seg, _pread_exact(seg.data_fd, HEADER_SIZE, 0), "data file")
+            why = "index file is missing"
+            if index_path.exists():
+                seg.index_fd = os.open(index_path, os.O_RDWR)
+                raw = _pread_exact(seg.index_fd, HEADER_SIZE + 8 * expected, 0)
+                offsets = _offsets_from_bytes(raw[HEADER_SIZE:])
+                if len(offsets) != expected:
+                    why = f"index holds {len(offsets)} entries, the segment holds {expected} transactions"
+                else:
+                    why = index_is_plausible(offsets, size)  # type: ignore[assignment]
+                if why is None:
+                    seg.offsets = offsets
+                    seg.written = expected
+                    seg.data_end = size
+                    seg.checkpointed = seg.synced = expected
+                    return seg
+                os.close(seg.index_fd)
+            with mmap.mmap(seg.data_fd, 0, access=mmap.ACCESS_READ) as mm:
+                view = memoryview(mm)
+                try:
+                    result = scan_records(view, HEADER_SIZE, size, first, limit=expected)
+                finally:
+                    view.release()
+            if len(result.offsets) != expected:
+                raise StorageCorruptionError(
+                    f"partition {self.partition_id}: segment {data_path} holds {len(result.offsets)} valid records, "
+                    f"expected {expected}: {result.error}")
+            seg.index_fd = self._create_index_file(seg)
+            seg.offsets = array("q", result.offsets)
+            seg.data_end = size
+            _pwrite_all(seg.index_fd, _offsets_to_bytes(seg.offsets), HEADER_SIZE)
+            seg.written = seg.count
+            seg.sync_index()
+            self._repair(index_path, f"rebuilt index from the data file ({expected} entries)", why)
+            return seg
+        except BaseException:
+            seg.close()
+            raise
+
+    def _segment(self, index: int) -> Segment:
+        if index == len(self._firsts) - 1:
+            assert self._tail is not None
+            return self._tail
+        first = self._firsts[index]
+        seg = self._cache.get(first)
+        if seg is not None:
+            self._cache.move_to_end(first)
+            return seg
+        seg = self._load_sealed(index)
+        self._cache[first] = seg
+        self._evict()
+        return seg
+
+    def _evict(self) -> None:
+        # The tail counts against the capacity; the most recently used sealed segment always stays.
+        while len(self._cache) > max(1, self._capacity - 1):
+            _, old = self._cache.popitem(last=False)
+            old.close()
+
+    # ------------------------------------------------------------------------------ writing
+    @property
+    def max_transaction_id(self) -> int:
+        tail = self._tail
+        return -1 if tail is None else tail.first + tail.count - 1
+
+    def _new_segment(self, first: int) -> Segment:
+        data_path, index_path = self._paths(first)
+        seg = Segment(first, data_path, index_path)
+        hdr = encode_segment_header(SegmentHeader(FORMAT_VERSION, _now_ms(), self._cluster_key, self.partition_id, first))
+        seg.data_fd = os.open(data_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        _pwrite_all(seg.data_fd, hdr, 0)
+        os.fdatasync(seg.data_fd)
+        seg.index_fd = self._create_index_file(seg)
+        _fsync_dir(self.directory)
+        return seg
+
+    def _roll(self) -> None:
+        """Seal the tail (index fully durable) and start a segment at the next transaction id."""
+        nxt = self.max_transaction_id + 1
+        old = self._tail
+        if old is not None:
+            old.sync_index()
+            self._cache[old.first] = old
+            self._evict()
+        self._tail = self._new_segment(nxt)
+        self._firsts.append(nxt)
+
+    def append(self, records: Sequence[Record]) -> None:
+        self._check_open()
+        if not records:
+            return
+        tail = self._tail
+        if tail is None or tail.data_end >= self._threshold:
+            self._roll()
+            tail = self._tail
+            assert tail is not None
+        pos = start = tail.data_end
+        parts: list[bytes] = []
+        extend = parts.extend
+        new_offsets = array("q")
+        add_offset = new_offsets.append
+        pack = RECORD_HEAD.pack
+        pack_crc = U32.pack
+        crc = zlib.crc32  # direct: the format.crc32 wrapper costs a call per record
+        for r in records:
+            q = r.req_id
+            data = r.data
+            head = pack(r.transaction_id, q.client_id, q.generation, q.partition_id, q.seq_num, r.header, len(data),
+                        r.checksum)
+            add_offset(pos)
+            extend((head, data, pack_crc(crc(data, crc(head)))))
+            pos += RECORD_OVERHEAD + len(data)
+        buf = b"".join(parts)
+        _pwrite_all(tail.data_fd, buf, start)
+        os.fdatasync(tail.data_fd)  # the one sync that makes the batch durable
+        tail.data_end = pos
+        tail.offsets.extend(new_offsets)
+        # Index entries stay in memory until the checkpoint writes and syncs them in one go: they
+        # are rebuilt from the data file after a crash anyway, so per-batch index writes buy nothing.
+        if tail.count - tail.synced >= self._interval:
+            tail.checkpoint_lagging()
+
+    def truncate(self, transaction_id: int) -> None:
+        self._check_open()
+        transaction_id = max(transaction_id, -1)
+        if transaction_id >= self.max_transaction_id:
+            return
+        removed = False
+        old_tail = self._tail
+        while self._firsts and self._firsts[-1] > transaction_id:
+            first = self._firsts.pop()
+            seg = self._cache.pop(first, None) or (old_tail if old_tail and old_tail.first == first else None)
+            if seg is not None:
+                seg.close()
+            data_path, index_path = self._paths(first)
+            for p in (index_path, data_path):
+                if p.exists():
+                    os.unlink(p)
+            removed = True
+        if removed:
+            _fsync_dir(self.directory)
+        self._tail = None
+        if not self._firsts:
+            return
+        first = self._firsts[-1]
+        if old_tail is not None and old_tail.first == first:
+            seg = old_tail
+        else:  # a sealed segment becomes the tail again (its index was synced when it was sealed)
+            cached = self._cache.pop(first, None)
+            if cached is not None:
+                cached.close()
+            reopened = self._recover_tail(first)
+            if reopened is None:
+                self._firsts.pop()
+                return self.truncate(transaction_id)
+            seg = reopened
+        keep = transaction_id - first + 1
+        if keep < seg.count:
+            new_end = seg.offsets[keep]
+            del seg.offsets[keep:]
+            seg.written = min(seg.written, keep)
+            seg.write_entries()
+            os.ftruncate(seg.index_fd, HEADER_SIZE + 8 * keep)
+            seg.write_checkpoint(min(seg.checkpointed, keep))
+            os.fdatasync(seg.index_fd)
+            seg.synced = keep
+            os.ftruncate(seg.data_fd, new_end)
+            os.fdatasync(seg.data_fd)
+            seg.data_end = new_end
+        self._tail = seg
+
+    # ------------------------------------------------------------------------------ reading
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"partition {self.partition_id}: store is closed")
+
+    def _read_run(self, transaction_id: int, max_records: int, *, retry: bool = True) -> list[Record]:
+        """Records from one segment at most (callers loop across segments)."""
+        index = bisect.bisect_right(self._firsts, transaction_id) - 1
+        seg = self._segment(index)
+        slot = transaction_id - seg.first
+        n = min(max_records, seg.count - slot)
+        if n <= 0:
+            return []
+        start = seg.offsets[slot]
+        end = seg.offsets[slot + n] if slot + n < seg.count else seg.data_end
+        buf = _pread_exact(seg.data_fd, max(end - start, 0), start)
+        result = scan_records(buf, 0, len(buf), transaction_id, limit=n)
+        if len(result.offsets) < n:
+            if retry and not self._index_points_at(seg, slot, n, start):
+                self._rebuild_index(seg, f"entry for transaction {transaction_id + len(result.offsets)} is wrong")
+                return self._read_run(transaction_id, max_records, retry=False)
+            bad = transaction_id + len(result.offsets)
+            raise StorageCorruptionError(
+                f"partition {self.partition_id}: transaction {bad} in {seg.data_path} failed verification: {result.error}")
+        out = []
+        unpack = RECORD_HEAD.unpack_from
+        hs = RECORD_HEAD.size
+        for off in result.offsets:
+            txn, c, g, p, s, h, length, dcrc = unpack(buf, off)
+            out.append(Record(txn, ReqId(c, g, p, s), h, buf[off + hs : off + hs + length], dcrc))
+        return out
+
+    def _index_points_at(self, seg: Segment, slot: int, n: int, start: int) -> bool:
+        """True when the index is consistent with a fresh scan of the same range (so the data is bad)."""
+        size = os.fstat(seg.data_fd).st_size
+        with mmap.mmap(seg.data_fd, 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                result = scan_records(view, HEADER_SIZE, size, seg.first, limit=slot + n)
+            finally:
+                view.release()
+        return list(seg.offsets[: len(result.offsets)]) == result.offsets
+
+    def _rebuild_index(self, seg: Segment, why: str) -> None:
+        size = seg.data_end
+        with mmap.mmap(seg.data_fd, 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                result = scan_records(view, HEADER_SIZE, size, seg.first, limit=seg.count)
+            finally:
+                view.release()
+        if len(result.offsets) != seg.count:
+            raise StorageCorruptionError(
+                f"partition {self.partition_id}: {seg.data_path} holds {len(result.offsets)} valid records of "
+                f"{seg.count}: {result.error}")
+        seg.offsets = array("q", result.offsets)
+        _pwrite_all(seg.index_fd, _offsets_to_bytes(seg.offsets), HEADER_SIZE)
+        seg.written = seg.count
+        seg.sync_index()
+        self._repair(seg.index_path, f"rebuilt index from the data file ({seg.count} entries)", why)
+
+    def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        self._check_open()
+        out: list[Record] = []
+        last = self.max_transaction_id
+        txn = transaction_id
+        if txn < 0:
+            return out
+        while len(out) < max_records and txn <= last:
+            run = self._read_run(txn, max_records - len(out))
+            if not run:
+                break
+            out.extend(run)
+            txn += len(run)
+        return out
+
+    def read_record(self, transaction_id: int) -> Record | None:
+        recs = self.read_records(transaction_id, 1)
+        return recs[0] if recs else None
+
+    def read_header(self, transaction_id: int) -> RecordHeader | None:
+        rec = self.read_record(transaction_id)
+        return None if rec is None else RecordHeader(rec.transaction_id, rec.req_id, rec.header)
+
+    def read_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        return [RecordHeader(r.transaction_id, r.req_id, r.header) for r in self.read_records(transaction_id, max_records)]
+
+    def segment_firsts(self) -> list[int]:
+        return list(self._firsts)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._tail is not None:
+            try:
+                self._tail.sync_index()
+            except OSError as exc:  # closing must not fail; the next open rebuilds the index
+                log.warning("partition %d: index sync on close failed: %s", self.partition_id, exc)
+            self._tail.close()
+        for seg in self._cache.values():
+            seg.close()
+        self._cache.clear()
+
+
+# ---------------------------------------------------------------------------------- layout
+
+
+class SegmentedLayout:
+    """The storage directory (implements :class:`~.layout.StorageLayout`)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, segment_size_threshold: int = 1_000_000_000,
+                 segment_cache_capacity: int = 5, index_checkpoint_interval: int = 1000) -> None:
+        self.directory = str(directory)
+        self._root = Path(directory)
+        self._threshold = segment_size_threshold
+        self._capacity = segment_cache_capacity
+        self._interval = index_checkpoint_interval
+        self._fd = -1
+        self._header: ControlHeader | None = None
+        self._current: dict[int, tuple[PartitionInfo, int]] = {}  # partition -> (info, slot it is in)
+        self._repairs: list[Repair] = []
+
+    @property
+    def control_path(self) -> Path:
+        return self._root / CONTROL_FILE_NAME
+
+    @property
+    def header(self) -> ControlHeader:
+        if self._header is None:
+            raise StorageError("the storage layout is not open")
+        return self._header
+
+    def open(self, cluster_key: uuid.UUID, num_partitions: int) -> ControlHeader:
+        self._root.mkdir(parents=True, exist_ok=True)
+        path = self.control_path
+        if not path.exists():
+            self._create_control_file(cluster_key, num_partitions)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(f"{path} is locked by another storage node process") from None
+        header = decode_control_header(_pread_exact(fd, HEADER_SIZE, 0))
+        if header is None:
+            os.close(fd)
+            raise StorageCorruptionError(f"{path}: the control file header fails its checksum")
+        if header.cluster_key != cluster_key or header.num_partitions != num_partitions:
+            os.close(fd)
+            raise ClusterKeyMismatchError(
+                f"{path} belongs to cluster key {header.cluster_key} with {header.num_partitions} partitions; "
+                f"this node was started for cluster key {cluster_key} with {num_partitions} partitions")
+        self._fd = fd
+        self._header = header
+        return header
+
+    def _create_control_file(self, cluster_key: uuid.UUID, num_partitions: int) -> None:
+        header = ControlHeader(FORMAT_VERSION, _now_ms(), cluster_key, num_partitions)
+        initial = encode_partition_info(PartitionInfo())
+        body = bytearray(encode_control_header(header))
+        for pid in range(num_partitions):
+            body += I32.pack(pid) + initial + initial
+        tmp = self._root / (CONTROL_FILE_NAME + ".tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _pwrite_all(fd, body, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.control_path)
+        _fsync_dir(self._root)
+
+    def _check_partition(self, partition_id: int) -> None:
+        if not 0 <= partition_id < self.header.num_partitions:
+            raise StorageError(f"partition {partition_id} is outside 0..{self.header.num_partitions - 1}")
+
+    def read_partition_info(self, partition_id: int) -> PartitionInfo:
+        self._check_partition(partition_id)
+        cached = self._current.get(partition_id)
+        if cached is not None:
+            return cached[0]
+        raw = _pread_exact(self._fd, PARTITION_ENTRY_SIZE, partition_entry_offset(partition_id))
+        stored_id = I32.unpack_from(raw, 0)[0] if len(raw) >= 4 else None
+        a = decode_partition_info(raw, 4)
+        b = decode_partition_info(raw, 4 + INFO_SIZE)
+        if stored_id != partition_id or (a is None and b is None):
+            why = (f"entry holds partition id {stored_id}" if stored_id != partition_id
+                   else "both partition-info structs fail their checksums")
+            raise StorageCorruptionError(
+                f"partition {partition_id}: {why} in {self.control_path}; refusing to open the partition "
+                f"(recover it from another replica: `waltz storage recover-partition`)")
+        if a is None or b is None:
+            good, slot = (b, 1) if a is None else (a, 0)
+            assert good is not None
+            self._repair_log(partition_id, f"using partition-info struct {slot + 1}",
+                             f"struct {2 - slot} fails its checksum (torn write); rolled back to sequence number "
+                             f"{good.sequence_number}")
+        else:
+            good, slot = (b, 1) if b.sequence_number > a.sequence_number else (a, 0)
+        self._current[partition_id] = (good, slot)
+        return good
+
+    def _repair_log(self, partition_id: int, action: str, detail: str) -> None:
+        rep = Repair(partition_id, str(self.control_path), action, detail)
+        self._repairs.append(rep)
+        log.warning("partition %d: %s: %s (%s)", partition_id, self.control_path, action, detail)
+        self._persist_repair(rep)
+
+    def _persist_repair(self, rep: Repair) -> None:
+        """Append the repair to the storage directory's repair report (JSON lines), for the disk tools."""
+        line = json.dumps({"time": _now_ms(), "partition": rep.partition_id, "file": rep.file, "action": rep.action,
+                           "detail": rep.detail})
+        with open(self._root / REPAIR_LOG_NAME, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+    def write_partition_info(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
+        self._check_partition(partition_id)
+        try:
+            self.read_partition_info(partition_id)
+            current, slot = self._current[partition_id]
+        except StorageCorruptionError:
+            current, slot = PartitionInfo(sequence_number=0), 1  # both bad: an admin re-initialises
+        target = 1 - slot
+        new = PartitionInfo(info.session_id, info.low_water_mark, info.local_low_water_mark, info.flags,
+                            (current.sequence_number + 1) & 0x7FFFFFFF)
+        offset = partition_entry_offset(partition_id) + 4 + target * INFO_SIZE
+        _pwrite_all(self._fd, encode_partition_info(new), offset)
+        os.fdatasync(self._fd)
+        self._current[partition_id] = (new, target)
+        return new
+
+    def partition_directory(self, partition_id: int) -> Path:
+        return self._root / str(partition_id)
+
+    def open_partition(self, partition_id: int) -> SegmentedPartition:
+        self._check_partition(partition_id)
+        return SegmentedPartition(self.partition_directory(partition_id), partition_id, self.header.cluster_key,
+                                  segment_size_threshold=self._threshold, segment_cache_capacity=self._capacity,
+                                  index_checkpoint_interval=self._interval, on_repair=self._on_partition_repair)
+
+    def _on_partition_repair(self, rep: Repair) -> None:
+        self._repairs.append(rep)
+        self._persist_repair(rep)
+
+    def delete_partition_files(self, partition_id: int) -> None:
+        self._check_partition(partition_id)
+        path = self.partition_directory(partition_id)
+        if path.exists():
+            shutil.rmtree(path)
+            _fsync_dir(self._root)
+
+    def repairs(self) -> list[Repair]:
+        return list(self._repairs)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the flock
+            self._fd = -1
+
+
+def segmented_factory(directory: str, config: StorageNodeConfig | None = None) -> SegmentedLayout:
+    """Registry factory: ``factory(directory, config)`` with the node's :class:`StorageNodeConfig`."""
+    if config is None:
+        return SegmentedLayout(directory)
+    return SegmentedLayout(directory, segment_size_threshold=config.segment_size_threshold,
+                           segment_cache_capacity=config.segment_cache_capacity,
+                           index_checkpoint_interval=config.index_checkpoint_interval)
