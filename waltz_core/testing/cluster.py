@@ -292,10 +292,10 @@ class ProcessCluster:
 
     def _spawn(self, args: Sequence[str], log_name: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{log_name}.log", "ab")  # noqa: SIM115 - owned by the child
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        return subprocess.Popen([self.python, "-m", "waltz_core.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        with open(self.log_dir / f"{log_name}.log", "ab") as log:  # the child keeps its own descriptor
+            return subprocess.Popen([self.python, "-m", "waltz_core.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     async def start(self) -> None:
         self.spec.write_configs()

@@ -1,0 +1,167 @@
+"""Issue 5 acceptance: a real cluster of processes (3 storage nodes, servers, coordination) over TCP.
+
+Each test runs ``waltz storage start`` / ``waltz server start`` subprocesses, kills them with
+SIGKILL, and checks what the seed promises: commits on 2 of 3, no committed transaction lost or
+duplicated, stalls without a quorum, byte-identical replicas after catch-up, server failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from waltz_core.config import CoordinationConfig
+from waltz_core.coordination import open_coordination
+from waltz_core.coordination.recipes import StoreMetadata
+from waltz_core.plugins import default_registries
+from waltz_core.testing import require
+from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
+from waltz_core.testing.probe import PartitionProbe
+from waltz_core.testing.servers import ZooKeeperServer, zookeeper_available
+from waltz_core.storage.client import StorageAdminClient
+from waltz_core.transport import open_transport
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def zookeeper() -> AsyncIterator[ZooKeeperServer]:
+    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+    zk = ZooKeeperServer(1).start()
+    try:
+        yield zk
+    finally:
+        zk.stop()
+
+
+def coordination_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> CoordinationConfig:
+    if kind == "local":
+        return CoordinationConfig(name="local", connect=str(tmp_path / "coord"), root="/waltz", session_timeout=3.0)
+    zk = request.getfixturevalue("zookeeper")
+    return CoordinationConfig(name="zookeeper", connect=zk.connect_string, root=f"/waltz-{uuid.uuid4().hex[:8]}",
+                              session_timeout=4.0)
+
+
+def payloads(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() * 8 for i in range(n)]
+
+
+async def cluster_key(spec: ClusterSpec) -> tuple[uuid.UUID, int]:
+    assert spec.coordination is not None
+    backend = open_coordination(spec.coordination)
+    await backend.start()
+    try:
+        params = await StoreMetadata(backend, spec.coordination.root).get_store_params()
+        return params.cluster_key, params.num_partitions
+    finally:
+        await backend.close()
+
+
+def read_replica(spec: ClusterSpec, i: int, key: uuid.UUID, n: int, partition: int = 0) -> list[bytes]:
+    """Every record of one replica, read offline through its layout, as raw comparable tuples."""
+    cfg = spec.storage_config(i).storage
+    layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
+    layout.open(key, n)
+    try:
+        store = layout.open_partition(partition)
+        out = []
+        txn = 0
+        while True:
+            batch = store.read_records(txn, 1000)
+            if not batch:
+                break
+            out.extend(repr((r.transaction_id, r.req_id, r.header, r.data, r.checksum)).encode() for r in batch)
+            txn = batch[-1].transaction_id + 1
+        store.close()
+        return out
+    finally:
+        layout.close()
+
+
+def check_exactly_once(probe: PartitionProbe, committed: dict[bytes, int]) -> None:
+    ids = [t for t, _, _ in probe.feed]
+    assert ids == list(range(len(ids))), "the feed must be gap-free from 0"
+    assert len(set(committed.values())) == len(committed), "one transaction per payload"
+    reqs = [q for _, q, _ in probe.feed]
+    assert len(set(reqs)) == len(reqs), "no request committed twice"
+
+
+@pytest.mark.parametrize("coordination", ["local", "zookeeper"])
+async def test_storage_kill_quorum_stall_resume_and_catch_up(coordination: str, tmp_path: Path,
+                                                              request: pytest.FixtureRequest) -> None:
+    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=3, num_servers=1, transport="tcp",
+                       coordination=coordination_for(coordination, tmp_path, request))
+    cluster = ProcessCluster(spec)
+    await cluster.start()
+    try:
+        async with PartitionProbe(spec.transport_config, spec.coordination, 0) as probe:
+            committed = await probe.write(payloads("a", 150))
+            # One storage killed: appends continue on the remaining quorum of 2.
+            cluster.kill_storage(2)
+            committed.update(await probe.write(payloads("b", 150)))
+            # Two killed: no quorum, appends stall (nothing commits) ...
+            cluster.kill_storage(1)
+            stalled_at = probe.high_water_mark
+            with pytest.raises(TimeoutError):
+                await probe.write(payloads("c", 20), timeout=4)
+            assert probe.high_water_mark == stalled_at
+            # ... and resume when one returns.
+            await cluster.start_storage(1)
+            committed.update(await probe.write(payloads("c", 20), timeout=90))
+            # The third returns too and catches up inside a new session.
+            await cluster.start_storage(2)
+            committed.update(await probe.write(payloads("d", 100), timeout=90))
+            final = probe.high_water_mark
+            check_exactly_once(probe, committed)
+            assert set(committed) == set(payloads("a", 150) + payloads("b", 150) + payloads("c", 20) + payloads("d", 100))
+            key, n = await cluster_key(spec)
+            await wait_replica_holds(spec, 2, key, n, final)
+    finally:
+        cluster.stop()
+    replicas = [read_replica(spec, i, key, n) for i in range(3)]
+    prefix = [r[: final + 1] for r in replicas]
+    assert all(len(p) == final + 1 for p in prefix), [len(r) for r in replicas]
+    assert prefix[0] == prefix[1] == prefix[2], "committed prefixes must be byte-identical on every replica"
+
+
+async def wait_replica_holds(spec: ClusterSpec, i: int, key: uuid.UUID, n: int, transaction_id: int,
+                             timeout: float = 60.0) -> None:
+    """Poll replica ``i``'s admin port until it holds ``transaction_id`` (catch-up finished)."""
+    transport = open_transport(spec.transport_config)
+    admin = await StorageAdminClient.connect(transport, spec.admin_address(i), key, n)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not await admin.record_list(0, transaction_id, 1):
+            assert asyncio.get_running_loop().time() < deadline, f"replica {i} did not catch up to {transaction_id}"
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+        await transport.aclose()
+
+
+@pytest.mark.parametrize("coordination", ["local", "zookeeper"])
+async def test_second_server_takes_over_without_loss_or_duplicates(coordination: str, tmp_path: Path,
+                                                                   request: pytest.FixtureRequest) -> None:
+    spec = ClusterSpec(tmp_path, num_partitions=2, num_storages=3, num_servers=2, transport="tcp",
+                       coordination=coordination_for(coordination, tmp_path, request))
+    cluster = ProcessCluster(spec)
+    await cluster.start()
+    try:
+        async with PartitionProbe(spec.transport_config, spec.coordination, 0) as probe:
+            committed = await probe.write(payloads("x", 200))
+            owner, _ = await probe._owner() or ("", 0)
+            victim = next(i for i, node in enumerate(spec.servers) if node.address == owner)
+            cluster.kill_server(victim)
+            # The survivor takes the partition once the victim's coordination session expires.
+            committed.update(await probe.write(payloads("y", 200), timeout=120))
+            new_owner, _ = await probe._owner() or ("", 0)
+            assert new_owner and new_owner != owner
+            check_exactly_once(probe, committed)
+            assert set(committed) == set(payloads("x", 200) + payloads("y", 200))
+            assert probe.high_water_mark == 399
+    finally:
+        cluster.stop()
