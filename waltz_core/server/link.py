@@ -22,9 +22,11 @@ _ids = itertools.count(1)
 
 
 class ClientLink:
-    __slots__ = ("channel", "id", "_encode", "_buffer", "_wakeup", "_writable", "_high", "_low", "_writer", "_closed")
+    __slots__ = ("channel", "id", "_encode", "_buffer", "_wakeup", "_writable", "_high", "_low", "_writer", "_closed",
+                 "_inbound", "_inbound_high", "_inbound_low", "_readable")
 
-    def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024) -> None:
+    def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024,
+                 inbound_high_water: int = 600, inbound_low_water: int = 300) -> None:
         self.channel = channel
         self.id = next(_ids)
         self._encode = channel.family.encode
@@ -35,6 +37,11 @@ class ClientLink:
         self._high = high_water
         self._low = low_water
         self._closed = False
+        self._inbound = 0
+        self._inbound_high = inbound_high_water
+        self._inbound_low = inbound_low_water
+        self._readable = asyncio.Event()
+        self._readable.set()
         self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name=f"client-link-{self.id}-writer")
 
     @property
@@ -63,6 +70,23 @@ class ClientLink:
         self._wakeup.set()
         if len(self._buffer) >= self._high:
             self._writable.clear()
+
+    # Inbound back pressure (seed "Back Pressure"): messages of this connection waiting in partition
+    # queues are counted; above the high-water mark the reader stops reading this connection.
+    def inbound_added(self) -> None:
+        self._inbound += 1
+        if self._inbound >= self._inbound_high:
+            self._readable.clear()
+
+    def inbound_done(self) -> None:
+        self._inbound -= 1
+        if self._inbound <= self._inbound_low:
+            self._readable.set()
+
+    async def wait_readable(self) -> None:
+        """Wait while too many messages of this connection are queued in partitions."""
+        if not self._readable.is_set():
+            await self._readable.wait()
 
     async def wait_writable(self) -> None:
         """Wait while this connection has too much unsent data (back pressure for feeds)."""

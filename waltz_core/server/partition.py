@@ -24,6 +24,7 @@ from ..config import ServerConfig
 from ..errors import WaltzError
 from ..protocol import client as m
 from ..protocol.wire import Record, RecordHeader, ReqId
+from ..metrics import Histogram
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
 from .caches import DataCache, FeedCache
 from .link import ClientLink
@@ -99,7 +100,7 @@ class _Barrier:
 
 class Partition:
     def __init__(self, partition_id: int, generation: int, store: Store, lock_table_factory: Any,
-                 config: ServerConfig) -> None:
+                 config: ServerConfig, commit_latency: Histogram | None = None) -> None:
         self.partition_id = partition_id
         self.generation = generation
         self.store = store
@@ -121,6 +122,7 @@ class Partition:
         self.appends = 0
         self.lock_failures = 0
         self._latencies: deque[float] = deque(maxlen=2048)
+        self._histogram = commit_latency
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -154,8 +156,10 @@ class Partition:
         """Called by the connection reader for a message of this partition. May wait (back pressure)."""
         t = type(msg)
         if t is m.AppendRequest:
+            link.inbound_added()
             await self._queue.put((msg, link))
         elif t is m.MountRequest or t is m.FlushRequest:
+            link.inbound_added()
             await self._queue.put(_Barrier(msg, link))
         elif t is m.FeedRequest:
             self._restart_feed(msg, link)
@@ -184,6 +188,7 @@ class Partition:
         queue = self._queue
         while True:
             item = await queue.get()
+            (item.link if type(item) is _Barrier else item[1]).inbound_done()  # type: ignore[union-attr]
             try:
                 if type(item) is _Barrier:
                     await self._barrier(item)
@@ -243,9 +248,12 @@ class Partition:
         data_put = self._data_cache.put
         now = time.monotonic()
         latencies = self._latencies
+        observe = self._histogram.observe if self._histogram is not None else None
         while pending and pending[0].transaction_id <= high_water_mark:
             p = pending.popleft()
             latencies.append(now - p.started)
+            if observe is not None:
+                observe(now - p.started)
             feed_add(RecordHeader(p.transaction_id, p.req_id, p.header))
             data_put(p.transaction_id, p.data, p.checksum)
             if p.locks is not NO_LOCKS and locks is not None:

@@ -107,6 +107,91 @@ def partitions(server: str, config_path: str | None) -> None:
     Console().print(table)
 
 
+def _cluster_call(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
+                  session_timeout: float | None, body: object) -> object:
+    """Open coordination and transport from the CLI options, run ``body(backend, root, transport)``."""
+    import asyncio
+
+    from ..coordination import open_coordination
+    from ..coordination.plugin import _load_config
+    from ..transport import open_transport
+
+    config = _load_config(config_path, backend_name, connect, root, session_timeout)
+
+    async def run() -> object:
+        backend = open_coordination(config.coordination)
+        await backend.start()
+        transport = open_transport(config.transport)
+        try:
+            return await body(backend, config.coordination.root, transport)  # type: ignore[operator]
+        finally:
+            await transport.aclose()
+            await backend.close()
+
+    return asyncio.run(run())
+
+
+def _cluster_commands() -> list[click.Command]:
+    from ..coordination.plugin import _coordination_options
+
+    @click.command("check-connectivity")
+    @_coordination_options
+    def check_connectivity(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
+                           session_timeout: float | None) -> None:
+        """Ask every live server whether it reaches every storage node."""
+        from .verify import check_connectivity as check
+
+        result = _cluster_call(config_path, backend_name, connect, root, session_timeout,
+                               lambda b, r, t: check(b, r, t))
+        bad = False
+        for server, statuses in sorted(result.items()):  # type: ignore[attr-defined]
+            if statuses is None:
+                click.echo(f"Connectivity status of {server} is: UNREACHABLE")
+                bad = True
+                continue
+            text = ", ".join(f"{s}: {'ok' if ok else 'UNREACHABLE'}" for s, ok in sorted(statuses.items()))
+            click.echo(f"Connectivity status of {server} is: {text or 'no storage nodes'}")
+            bad = bad or not all(statuses.values())
+        if not result:
+            click.echo("no live servers")
+        if bad:
+            raise SystemExit(1)
+
+    @click.command("verify")
+    @_coordination_options
+    @click.option("-p", "--partition", "partitions", help="Partition ids or ranges (default: all).")
+    @click.option("-t", "--timeout", type=float, default=10.0, show_default=True, help="Seconds per RPC.")
+    def verify_command(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
+                       session_timeout: float | None, partitions: str | None, timeout: float) -> None:
+        """Check assignment, server/storage consistency, quorum, recovery and health of every partition."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from ..coordination.metadata import parse_partition_ranges
+        from .verify import verify
+
+        ids = parse_partition_ranges(partitions) if partitions else None
+        checks = _cluster_call(config_path, backend_name, connect, root, session_timeout,
+                               lambda b, r, t: verify(b, r, t, ids, timeout))
+        table = Table(title="cluster verification", title_justify="left")
+        for col in ("partition", "check", "result", "detail"):
+            table.add_column(col)
+        failed = 0
+        for c in checks:  # type: ignore[attr-defined]
+            failed += not c.ok
+            table.add_row(str(c.partition), c.name, "ok" if c.ok else "[red]FAILED[/red]", c.detail)
+        Console(soft_wrap=True).print(table)
+        click.echo(f"{len(checks) - failed} of {len(checks)} checks passed")  # type: ignore[arg-type]
+        if failed:
+            raise SystemExit(1)
+
+    return [check_connectivity, verify_command]
+
+
 @hookimpl
 def waltz_add_commands(cli: click.Group) -> None:
     cli.add_command(server_group)
+    cluster = cli.commands.get("cluster")
+    if isinstance(cluster, click.Group):  # the coordination plugin's `waltz cluster` (built-in, added first)
+        for command in _cluster_commands():
+            cluster.add_command(command)

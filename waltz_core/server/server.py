@@ -134,7 +134,10 @@ class WaltzServer:
     def _open_partition(self, pid: int, generation: int) -> None:
         store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server)
         server_cfg, regs = self.config.server, self.registries
-        partition = Partition(pid, generation, store, lambda hwm: open_lock_table(server_cfg, hwm, regs), server_cfg)
+        latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",
+                                         {"partition": str(pid)})
+        partition = Partition(pid, generation, store, lambda hwm: open_lock_table(server_cfg, hwm, regs), server_cfg,
+                              latency)
         self.partitions[pid] = partition
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
 
@@ -173,7 +176,8 @@ class WaltzServer:
             log.warning("%s: handshake with %s failed: %s", self.name, conn.peer, exc)
             await conn.close()
             return
-        link = ClientLink(channel)
+        cfg = self.config.server
+        link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water)
         self._links.add(link)
         partitions = self.partitions
         try:
@@ -186,6 +190,7 @@ class WaltzServer:
                 partition = partitions.get(msg.req_id.partition_id)
                 if partition is not None:
                     await partition.submit(msg, link)
+                    await link.wait_readable()
                 elif t is m.MountRequest:
                     link.post(m.MountResponse(msg.req_id, m.PartitionState.NOT_READY))
                 elif t is m.TransactionDataRequest:

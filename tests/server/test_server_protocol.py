@@ -1,0 +1,258 @@
+"""The server's client protocol against a real in-process cluster (3 storage nodes, local coordination).
+
+Raw protocol messages, no client library: mount states, lock failures for each lock kind,
+stale connections and generations, flush, high-water mark, data RPC, catch-up feeds that are
+served from storage when the feed cache no longer holds them, and bad bytes from a peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waltz_core.errors import ConnectionClosedError
+from waltz_core.protocol import CLIENT
+from waltz_core.protocol import client as m
+from waltz_core.protocol.wire import ReqId, crc32
+from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
+from waltz_core.transport import MessageChannel, open_transport
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Raw:
+    """One raw client connection (stream) to the server owning a partition."""
+
+    def __init__(self, channel: MessageChannel, client_id: int, generation: int, partition: int = 0) -> None:
+        self.ch = channel
+        self.client_id = client_id
+        self.generation = generation
+        self.partition = partition
+        self.seq = 0
+        self.feed: list[m.FeedData] = []
+
+    def q(self, generation: int | None = None) -> ReqId:
+        self.seq += 1
+        return ReqId(self.client_id, self.generation if generation is None else generation, self.partition, self.seq)
+
+    async def until(self, kind: type, req_id: ReqId | None = None, timeout: float = 10.0) -> Any:
+        while True:
+            msg = await asyncio.wait_for(self.ch.recv(), timeout)
+            if type(msg) is m.FeedData:
+                self.feed.append(msg)
+            if type(msg) is kind and (req_id is None or msg.req_id == req_id):
+                return msg
+
+    async def mount(self, hwm: int = -1, seq_num: int = 1) -> m.MountResponse:
+        q = self.q()
+        await self.ch.send(m.MountRequest(q, hwm, seq_num))
+        return await self.until(m.MountResponse, q)  # type: ignore[no-any-return]
+
+    async def append(self, data: bytes, hwm: int = -1, write: tuple[int, ...] = (), read: tuple[int, ...] = (),
+                     append: tuple[int, ...] = (), generation: int | None = None) -> ReqId:
+        q = self.q(generation)
+        await self.ch.send(m.AppendRequest(q, hwm, write, read, append, 0, data, crc32(data)))
+        return q
+
+    async def flush(self) -> int:
+        """Flush, then read the feed up to the flushed high-water mark (the response may overtake
+        feed records, so a client completes a flush only once its feed got there, as the seed says)."""
+        q = self.q()
+        await self.ch.send(m.FlushRequest(q))
+        hwm: int = (await self.until(m.FlushResponse, q)).transaction_id
+        while self.feed_hwm < hwm:
+            await self.until(m.FeedData)
+        return hwm
+
+    @property
+    def feed_hwm(self) -> int:
+        return self.feed[-1].transaction_id if self.feed else -1
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
+    spec = ClusterSpec(tmp_path, num_partitions=2, transport="tcp", http=True,
+                       server_overrides={"feed_cache_size": 64 * 40})  # a tiny feed cache: catch-up reads storage
+    cl = InProcessCluster(spec)
+    await cl.start()
+    await cl.wait_ready()
+    try:
+        yield cl
+    finally:
+        await cl.stop()
+
+
+async def connect(cl: InProcessCluster, client_id: int, partition: int = 0) -> Raw:
+    server = cl.servers[0]
+    transport = open_transport(cl.spec.transport_config)
+    conn = await transport.connect(server.address)
+    ch = await MessageChannel.open(conn, CLIENT, "test")
+    return Raw(ch, client_id, server.partitions[partition].generation, partition)
+
+
+async def test_mount_states_append_flush_hwm_and_data(cluster: InProcessCluster) -> None:
+    a = await connect(cluster, 1)
+    assert (await a.mount()).state is m.PartitionState.READY
+    for i in range(5):
+        await a.append(f"t{i}".encode())
+    assert await a.flush() == 4
+    assert [f.transaction_id for f in a.feed] == [0, 1, 2, 3, 4]
+    # Client ahead of the server: CLIENT_AHEAD (original PR #135), never a hang.
+    b = await connect(cluster, 2)
+    assert (await b.mount(hwm=100)).state is m.PartitionState.CLIENT_AHEAD
+    # Wrong generation: NOT_READY, so the client re-reads the assignment.
+    c = await connect(cluster, 3)
+    c.generation += 5
+    assert (await c.mount()).state is m.PartitionState.NOT_READY
+    # High-water mark and data RPC.
+    q = a.q()
+    await a.ch.send(m.HighWaterMarkRequest(q))
+    assert (await a.until(m.HighWaterMarkResponse, q)).transaction_id == 4
+    q = a.q()
+    await a.ch.send(m.TransactionDataRequest(q, 3))
+    resp = await a.until(m.TransactionDataResponse, q)
+    assert resp.data == b"t3" and resp.checksum == crc32(b"t3") and resp.error is None
+    q = a.q()
+    await a.ch.send(m.TransactionDataRequest(q, 99))
+    resp = await a.until(m.TransactionDataResponse, q)
+    assert resp.data is None and "not committed" in resp.error
+
+
+async def test_lock_kinds_follow_the_original_semantics(cluster: InProcessCluster) -> None:
+    a = await connect(cluster, 1)
+    await a.mount()
+    lock = 12345
+    await a.append(b"w0", hwm=-1, write=(lock,))
+    assert await a.flush() == 0
+    # A writer that has not seen txn 0 conflicts, and is told which transaction made it fail.
+    q = await a.append(b"stale-write", hwm=-1, write=(lock,))
+    failure = await a.until(m.LockFailure, q)
+    assert failure.transaction_id == 0
+    # A reader that has not seen it conflicts too; one that has does not.
+    q = await a.append(b"stale-read", hwm=-1, read=(lock,))
+    assert (await a.until(m.LockFailure, q)).transaction_id == 0
+    await a.append(b"fresh-read", hwm=0, read=(lock,))
+    assert await a.flush() == 1
+    # Read locks do not advance the lock: a writer at hwm 0 still succeeds.
+    await a.append(b"w2", hwm=0, write=(lock,))
+    assert await a.flush() == 2
+    # Append locks are not checked, but they advance the lock: a reader at hwm 2 then fails.
+    await a.append(b"appender", hwm=-1, append=(lock,))
+    assert await a.flush() == 3
+    q = await a.append(b"reader", hwm=2, read=(lock,))
+    assert (await a.until(m.LockFailure, q)).transaction_id == 3
+    committed = {f.transaction_id for f in a.feed}
+    assert committed == {0, 1, 2, 3}
+
+
+async def test_conflicting_appends_in_flight_serialize_instead_of_failing(cluster: InProcessCluster) -> None:
+    a = await connect(cluster, 1)
+    await a.mount()
+    # Ten appends on one lock, each computed at the head before the previous committed: the first
+    # wins, the others fail (they read stale data) - none is decided on a stale table.
+    reqs = [await a.append(f"x{i}".encode(), hwm=-1, write=(7,)) for i in range(10)]
+    assert await a.flush() == 0
+    fed = [f.req_id for f in a.feed]
+    assert fed == [reqs[0]]
+
+
+async def test_stale_connection_and_stale_generation_are_ignored(cluster: InProcessCluster) -> None:
+    old = await connect(cluster, 5)
+    await old.mount(seq_num=1)
+    new = await connect(cluster, 5)
+    await new.mount(seq_num=2)  # the same client id, a newer network client
+    await old.append(b"from-the-old-connection")
+    await new.append(b"wrong-generation", generation=new.generation + 1)
+    await new.append(b"from-the-new-connection")
+    assert await new.flush() == 0
+    assert len(new.feed) == 1 and new.feed[0].req_id.client_id == 5
+
+
+async def test_catch_up_feed_beyond_the_cache_is_read_from_storage(cluster: InProcessCluster) -> None:
+    a = await connect(cluster, 1)
+    await a.mount()
+    for i in range(300):
+        await a.append(f"r{i}".encode())
+    assert await a.flush() == 299
+    late = await connect(cluster, 2)
+    assert (await late.mount(hwm=-1)).state is m.PartitionState.READY
+    assert [f.transaction_id for f in late.feed] == list(range(300))
+    assert [f.req_id for f in late.feed] == [f.req_id for f in a.feed]
+
+
+async def test_bad_bytes_close_only_that_connection(cluster: InProcessCluster) -> None:
+    good = await connect(cluster, 1)
+    await good.mount()
+    bad = await connect(cluster, 2)
+    await bad.ch.conn.send(b"\xff\x00garbage")
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(bad.ch.recv(), 5)
+    await good.append(b"still-serving")
+    assert await good.flush() == 0
+
+
+async def test_http_health_and_metrics(cluster: InProcessCluster) -> None:
+    server = cluster.servers[0]
+    a = await connect(cluster, 1)
+    await a.mount()
+    await a.append(b"m")
+    await a.flush()
+    await asyncio.sleep(1.2)  # the per-partition gauges refresh once a second
+    base = f"http://{server.http_address}"
+
+    def get(path: str) -> tuple[int, bytes]:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(base + path, timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    status, body = await asyncio.to_thread(get, "/health")
+    assert status == 200 and json.loads(body)["partitions"] == {"0": True, "1": True}
+    status, body = await asyncio.to_thread(get, "/metrics")
+    text = body.decode()
+    assert status == 200 and 'waltz_server_high_water_mark{partition="0"} 0' in text
+    assert "waltz_server_commit_latency_seconds_bucket" in text
+    status, body = await asyncio.to_thread(get, "/ping")
+    assert body.strip() == b"pong"
+
+
+async def test_cluster_verify_check_connectivity_and_preferred_partitions(cluster: InProcessCluster) -> None:
+    from click.testing import CliRunner
+
+    from waltz_core.cli.main import build_cli
+    from waltz_core.server.admin_client import ServerAdminClient
+
+    spec = cluster.spec
+    assert spec.coordination is not None
+    args = ["--coordination", "local", "--connect", spec.coordination.connect, "--root", spec.coordination.root]
+    runner = CliRunner()
+    cli = build_cli()
+    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "verify", *args])
+    assert result.exit_code == 0, result.output
+    assert "14 of 14 checks passed" in result.output
+    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "check-connectivity", *args])
+    assert result.exit_code == 0, result.output
+    assert result.output.count(": ok") == 3
+    # One storage down: verify names the partition replicas it lost and exits non-zero.
+    await cluster.stop_storage(2)
+    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "verify", *args, "-t", "3"])
+    assert result.exit_code == 1
+    assert "FAILED" in result.output and spec.storages[2].address in result.output
+    # Preferred partitions through the admin RPC: ids out of range are refused.
+    transport = open_transport(spec.transport_config)
+    admin = await ServerAdminClient.connect(transport, cluster.servers[0].address)
+    try:
+        assert await admin.add_preferred_partitions([1]) is True
+        assert await admin.add_preferred_partitions([7]) is False
+        assert sorted(await admin.partitions()) == [0, 1]
+    finally:
+        await admin.close()
+        await transport.aclose()
