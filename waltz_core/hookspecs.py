@@ -59,9 +59,10 @@ def waltz_register_transports(registry: Registry[Any]) -> None:
     """Register frame transports.
 
     Call ``registry.add(name, factory, config_cls=..., description=...)`` once per transport.
-    ``factory(options)`` must return an object implementing
-    :class:`waltz_core.transport.base.Transport`; ``options`` is an instance of ``config_cls``
-    built from the ``[transport.<name>]`` table of the configuration.
+    ``factory(config, options)`` must return an object implementing
+    :class:`waltz_core.transport.base.Transport`; ``config`` is the
+    :class:`~waltz_core.config.TransportConfig` (``max_frame_size``, ``connect_timeout``) and
+    ``options`` an instance of ``config_cls`` built from the ``[transport.<name>]`` table.
 
     Called once per plugin manager, on the thread that builds it, before any event loop work.
     Must not block or open sockets: the factory does that later, when it is called.

@@ -78,7 +78,10 @@ def get_plugin_manager(*, autoload: bool | None = None, extra: Iterable[object] 
         except Exception as exc:  # an installed plugin that fails to import must name itself
             raise PluginError(f"loading entry-point plugins of group {NAME!r} failed: {exc!r}") from exc
     for plugin in extra:
-        pm.register(plugin)
+        try:
+            pm.register(plugin)
+        except pluggy.PluginValidationError as exc:  # a hookimpl whose arguments the hookspec lacks
+            raise PluginError(str(exc)) from exc
     pm.hook.waltz_addhooks.call_historic(kwargs={"pluginmanager": pm})
     try:
         pm.check_pending()
@@ -142,8 +145,9 @@ def load_registries(pm: pluggy.PluginManager) -> Registries:
     for kind, hook_name in REGISTRY_HOOKS.items():
         registry: Registry[Any] = Registry(kind)
         caller = getattr(pm.hook, hook_name)
-        # pluggy calls LIFO; registration order is reversed so built-ins come first in errors.
-        for impl in reversed(caller.get_hookimpls()):
+        # get_hookimpls() is in registration order (pluggy *calls* them reversed, LIFO); walking it
+        # forwards registers built-ins first, so a duplicate name blames the later plugin.
+        for impl in caller.get_hookimpls():
             registry._current_plugin = impl.plugin_name
             registry._current_distribution = plugin_distribution(pm, impl.plugin)
             kwargs = {"registry": registry}

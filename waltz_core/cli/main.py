@@ -27,8 +27,8 @@ def build_cli() -> click.Group:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     pm = get_plugin_manager()
-    # LIFO order would list plugin commands before built-ins; add built-ins first for stable help.
-    for impl in reversed(pm.hook.waltz_add_commands.get_hookimpls()):
+    # get_hookimpls() is in registration order (pluggy calls LIFO): built-ins are added first.
+    for impl in pm.hook.waltz_add_commands.get_hookimpls():
         impl.function(**{k: {"cli": cli}[k] for k in impl.argnames})
     return cli
 

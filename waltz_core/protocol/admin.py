@@ -130,6 +130,7 @@ MESSAGES: Final[tuple[type, ...]] = (
     AssignedPartitionStatusResponse,
 )
 _BY_TYPE: Final[dict[int, type]] = {cls.TYPE: cls for cls in MESSAGES}  # type: ignore[attr-defined]
+_CLASSES: Final = frozenset(MESSAGES)
 
 
 def _flag(v: bool) -> bytes:
@@ -137,9 +138,11 @@ def _flag(v: bool) -> bytes:
 
 
 def encode(msg: AdminMessage) -> bytes:
+    t = type(msg)
+    if t not in _CLASSES:  # checked first: a foreign object has no seq_num to pack
+        raise ProtocolError(f"not a storage admin message: {t.__name__}")
     try:
         out = [_PREFIX.pack(msg.TYPE, msg.seq_num)]
-        t = type(msg)
         if t is AdminFailureResponse:
             w_str(out, msg.error_type)  # type: ignore[union-attr]
             w_str(out, msg.message)  # type: ignore[union-attr]

@@ -353,6 +353,8 @@ def decode(buf: bytes | memoryview) -> ClientMessage:
             raise ProtocolError(f"FeedData: expected {_FEED_DATA.size} bytes, got {len(buf)}")
         _, c, g, p, s, t, h = _FEED_DATA.unpack(buf)
         return FeedData(ReqId(c, g, p, s), t, h)
+    if kind == 2:
+        return _dec_append(buf)
     return _DECODERS[kind](Reader(buf, 1, _NAMES[kind]))  # type: ignore[operator]
 
 
@@ -391,7 +393,44 @@ def _dec_mount_resp(r: Reader) -> MountResponse:
     return MountResponse(q, state)
 
 
-def _dec_append(r: Reader) -> AppendRequest:
+_TWO_INTS: Final = struct.Struct(">ii")
+_INT_ARRAYS: Final = tuple(struct.Struct(f">{n}i") for n in range(17))  # the common small lock lists
+_APPEND_MIN: Final = _HEAD_LONG.size + 3 * 4 + 4 + 4 + 4  # no locks, no data
+
+
+def _dec_append(buf: bytes | memoryview) -> AppendRequest:
+    """AppendRequest fast path (the server decodes one per transaction).
+
+    Offsets are computed directly instead of through :class:`Reader`; anything that does not
+    fit exactly is re-parsed by :func:`_dec_append_checked`, which raises the precise error.
+    """
+    end = len(buf)
+    if end < _APPEND_MIN:
+        return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
+    _, c, g, p, s, hwm = _HEAD_LONG.unpack_from(buf, 0)
+    pos = _HEAD_LONG.size
+    locks = []
+    for _ in range(3):
+        (n,) = I32.unpack_from(buf, pos)
+        pos += 4
+        # 12 = at least the header, the data length and the checksum still follow
+        if n < 0 or pos + 4 * n + 12 > end:
+            return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
+        locks.append(_INT_ARRAYS[n].unpack_from(buf, pos) if n < 17 else struct.unpack_from(f">{n}i", buf, pos))
+        pos += 4 * n
+    header, n = _TWO_INTS.unpack_from(buf, pos)
+    pos += 8
+    if n < 0 or pos + n + 4 != end:
+        return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
+    data = bytes(buf[pos : pos + n])
+    (checksum,) = U32.unpack_from(buf, pos + n)
+    q = ReqId(c, g, p, s)
+    if crc32(data) != checksum:
+        raise ChecksumError(f"AppendRequest {q}: transaction data checksum mismatch")
+    return AppendRequest(q, hwm, locks[0], locks[1], locks[2], header, data, checksum)
+
+
+def _dec_append_checked(r: Reader) -> AppendRequest:
     q = r.req_id()
     hwm = r.i64("client high-water mark")
     wl = r.int_array("write locks")
@@ -456,7 +495,7 @@ def _dec_health(r: Reader) -> ServerPartitionsHealthStatResponse:
 _DECODERS: tuple[object, ...] = (
     _dec_mount_req,
     _dec_mount_resp,
-    _dec_append,
+    None,  # AppendRequest: fast path in decode()
     _dec_long(FeedRequest),
     None,  # FeedData: fast path in decode()
     _dec_req(FeedSuspended),

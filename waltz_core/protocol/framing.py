@@ -44,19 +44,26 @@ def encode_frames(payloads: Iterable[bytes], max_frame_size: int = DEFAULT_MAX_F
 class FrameDecoder:
     """Bytes in, complete frame payloads out."""
 
-    __slots__ = ("_buf", "_max", "heartbeats")
+    __slots__ = ("_buf", "_max", "heartbeats", "_error")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self._buf = bytearray()
         self._max = max_frame_size
         self.heartbeats = 0
+        self._error: FrameTooLargeError | None = None
 
     @property
     def buffered(self) -> int:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Add received bytes; return every frame they complete (possibly none)."""
+        """Add received bytes; return every frame they complete (possibly none).
+
+        Frames complete before an oversize length prefix are returned first; the
+        :class:`FrameTooLargeError` is raised by the next call (the stream cannot continue).
+        """
+        if self._error is not None:
+            raise self._error
         buf = self._buf
         buf += data
         frames: list[bytes] = []
@@ -66,7 +73,10 @@ class FrameDecoder:
         while end - pos >= 4:
             (n,) = unpack(buf, pos)
             if n > self._max:
-                raise FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {self._max}")
+                self._error = FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {self._max}")
+                if not frames:
+                    raise self._error
+                break
             if n == 0:
                 self.heartbeats += 1
                 pos += 4

@@ -34,6 +34,8 @@ def encode_hello(h: Hello) -> bytes:
         raise ProtocolError("protocol id must be one byte")
     if not 0 < len(h.versions) < 256:
         raise ProtocolError("a hello lists 1..255 versions")
+    if not all(0 <= v <= 0xFFFF for v in h.versions):
+        raise ProtocolError(f"protocol versions are 16-bit unsigned integers, got {list(h.versions)}")
     out = [bytes([MAGIC]), h.protocol, bytes([len(h.versions)])]
     out.extend(_U16.pack(v) for v in h.versions)
     w_str(out, h.role)

@@ -216,6 +216,7 @@ MESSAGES: Final[tuple[type, ...]] = (
     RecordHeaderListRequest, RecordHeaderListResponse, RecordListRequest, RecordListResponse,
 )
 _BY_TYPE: Final[dict[int, type]] = {cls.TYPE: cls for cls in MESSAGES}  # type: ignore[attr-defined]
+_CLASSES: Final = frozenset(MESSAGES)
 
 
 def _flag(v: bool) -> bytes:
@@ -224,9 +225,11 @@ def _flag(v: bool) -> bytes:
 
 def encode(msg: StorageMessage) -> bytes:
     """Encode one storage message to a frame payload."""
+    t = type(msg)
+    if t not in _CLASSES:  # checked first: a foreign object has no session_id to pack
+        raise ProtocolError(f"not a storage message: {t.__name__}")
     try:
         out = [_PREFIX.pack(msg.TYPE, msg.session_id, msg.seq_num, msg.partition_id)]
-        t = type(msg)
         if t is StorageAppendRequest:
             w_records(out, msg.records)  # type: ignore[union-attr]
             out.append(_flag(msg.offline))  # type: ignore[union-attr]

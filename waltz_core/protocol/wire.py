@@ -172,8 +172,24 @@ class Reader:
         return Record(t, ReqId(c, g, p, s), h, data, checksum)
 
     def records(self, field: str) -> tuple[Record, ...]:
+        # Hot path (storage appends and record lists): same checks as record(), in one loop.
         n = self.count(field, RECORD_HEAD.size + 4)
-        return tuple(self.record() for _ in range(n))
+        buf, end, pos = self.buf, self.end, self.pos
+        head, unpack_head, unpack_u32 = RECORD_HEAD.size, RECORD_HEAD.unpack_from, U32.unpack_from
+        out = []
+        for _ in range(n):
+            if pos + head > end:
+                self.pos = pos
+                self._need(head, "record")  # raises the truncation error
+            t, c, g, p, s, h, m = unpack_head(buf, pos)
+            pos += head
+            if m < 0 or pos + m + 4 > end:
+                raise ProtocolError(f"{self.what}: record {t} claims {m} data bytes, {end - pos} left")
+            data = bytes(buf[pos : pos + m])
+            out.append(Record(t, ReqId(c, g, p, s), h, data, unpack_u32(buf, pos + m)[0]))
+            pos += m + 4
+        self.pos = pos
+        return tuple(out)
 
     def record_headers(self, field: str) -> tuple[RecordHeader, ...]:
         n = self.count(field, RECORD_HEADER.size)
