@@ -14,8 +14,16 @@ Error contract (every implementation translates its library's exceptions at this
   ``send`` after a close;
 * :class:`~waltz_core.errors.PeerTimeoutError` - the peer stopped sending (not even heartbeats)
   for longer than the transport's idle timeout;
-* :class:`~waltz_core.errors.FrameTooLargeError` - a frame above ``max_frame_size`` was sent or
-  announced; the connection is closed after it.
+* :class:`~waltz_core.errors.FrameTooLargeError` - a frame above ``max_frame_size`` was announced
+  by the peer: ``recv`` raises it and the connection is closed (frames of earlier reads are
+  returned first).
+  Passed to ``send``/``send_many`` it is raised before anything is written (a batch is all or
+  nothing) and the connection stays usable; so is :class:`~waltz_core.errors.ProtocolError` for
+  an empty frame (zero length is reserved for heartbeats).
+
+Once a connection failed or was closed, ``send`` raises ConnectionClosedError (its message says
+why) and ``recv`` returns the frames that arrived before, then raises the reason. The kit in
+:mod:`waltz_core.testing.conformance.transport` checks all of this for every backend.
 """
 
 from __future__ import annotations

@@ -1,22 +1,26 @@
 """The built-in ``memory`` transport: connections inside one process, for tests.
 
-Listeners are found by address in a process-wide table (``memory:<n>`` addresses are handed
-out for port 0). Each direction is a bounded :class:`asyncio.Queue`, so a slow reader applies
-back pressure to the writer exactly as a socket buffer would. Everything runs on one event loop.
+Listeners are found by address in a process-wide table (``host:<n>`` addresses are handed out
+for port 0). Each direction is a bounded :class:`_Pipe`, so a slow reader applies back pressure
+to the writer exactly as a socket buffer would, and a close wakes every waiting sender and
+receiver. Everything runs on one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+from collections import deque
 from collections.abc import Sequence
 
 import attrs
 
-from ..errors import ConnectError, ConnectionClosedError, FrameTooLargeError, ProtocolError
+from ..errors import ConnectError, ConnectionClosedError, FrameTooLargeError, ProtocolError, TransportError
 from .base import ConnectionHandler
 
-_CLOSED = object()  # sentinel queued to wake the reader on close
+log = logging.getLogger("waltz.transport.memory")
+
 _listeners: dict[str, MemoryListener] = {}
 _ports = itertools.count(1)
 
@@ -25,16 +29,63 @@ _ports = itertools.count(1)
 class MemoryOptions:
     """Options of the memory transport (``[transport.memory]``)."""
 
-    queue_frames: int = attrs.field(default=1024, metadata={"doc": "Frames buffered per direction before send waits."})
+    queue_frames: int = attrs.field(
+        default=1024,
+        validator=attrs.validators.ge(1),
+        metadata={"doc": "Frames buffered per direction before send waits."},
+    )
+
+
+def _check_frame(frame: bytes, max_frame_size: int) -> None:
+    n = len(frame)
+    if n == 0:
+        raise ProtocolError("empty frames are reserved for heartbeats")
+    if n > max_frame_size:
+        raise FrameTooLargeError(f"frame of {n} bytes exceeds the maximum of {max_frame_size}")
+
+
+class _Pipe:
+    """One direction of a connection: a bounded frame queue plus the tasks waiting on it."""
+
+    __slots__ = ("frames", "capacity", "closed", "getter", "putters")
+
+    def __init__(self, capacity: int) -> None:
+        self.frames: deque[bytes] = deque()
+        self.capacity = capacity
+        self.closed = False  # no frame will be added any more; the reader drains, then sees the close
+        self.getter: asyncio.Future[None] | None = None
+        self.putters: deque[asyncio.Future[None]] = deque()
+
+    def wake_getter(self) -> None:
+        if self.getter is not None and not self.getter.done():
+            self.getter.set_result(None)
+
+    def wake_putter(self) -> None:
+        while self.putters:
+            fut = self.putters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake_getter()
+        while self.putters:
+            fut = self.putters.popleft()
+            if not fut.done():
+                fut.set_result(None)
 
 
 class MemoryConnection:
-    def __init__(self, peer: str, inbox: asyncio.Queue[object], outbox: asyncio.Queue[object], max_frame_size: int) -> None:
+    """One end of an in-process connection (see :class:`~waltz_core.transport.base.Connection`)."""
+
+    def __init__(self, peer: str, inbox: _Pipe, outbox: _Pipe, max_frame_size: int) -> None:
         self._peer = peer
         self._inbox = inbox
         self._outbox = outbox
         self._max = max_frame_size
         self._closed = False
+        self._error: TransportError | ProtocolError | None = None
         self.other: MemoryConnection | None = None
 
     @property
@@ -45,53 +96,86 @@ class MemoryConnection:
     def closed(self) -> bool:
         return self._closed
 
+    async def _wait_for_room(self) -> None:
+        out = self._outbox
+        while len(out.frames) >= out.capacity and not self._closed:
+            fut = asyncio.get_running_loop().create_future()
+            out.putters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                # Pass our turn on, or a second waiting sender could sleep forever.
+                if fut.done() and not fut.cancelled():
+                    out.wake_putter()
+                raise
+        if self._closed:
+            raise ConnectionClosedError(f"connection to {self._peer} is closed")
+
     async def send(self, frame: bytes) -> None:
         if self._closed:
             raise ConnectionClosedError(f"connection to {self._peer} is closed")
-        if not frame:
-            raise ProtocolError("empty frames are reserved for heartbeats")
-        if len(frame) > self._max:
-            raise FrameTooLargeError(f"frame of {len(frame)} bytes exceeds the maximum of {self._max}")
-        await self._outbox.put(bytes(frame))
-        if self._closed:  # closed while we waited for room
-            raise ConnectionClosedError(f"connection to {self._peer} is closed")
+        _check_frame(frame, self._max)
+        await self._wait_for_room()
+        self._outbox.frames.append(bytes(frame))
+        self._outbox.wake_getter()
 
     async def send_many(self, frames: Sequence[bytes]) -> None:
+        """Validate the whole batch first (nothing is sent if one frame is invalid), then queue it."""
+        if self._closed:
+            raise ConnectionClosedError(f"connection to {self._peer} is closed")
         for f in frames:
-            await self.send(f)
+            _check_frame(f, self._max)
+        for f in frames:
+            await self._wait_for_room()
+            self._outbox.frames.append(bytes(f))
+            self._outbox.wake_getter()
 
     async def recv(self) -> bytes:
-        item = await self._inbox.get()
-        if item is _CLOSED:
-            self._inbox.put_nowait(_CLOSED)  # every later recv sees the close too
-            self._closed = True
-            raise ConnectionClosedError(f"connection to {self._peer} was closed")
-        return item  # type: ignore[return-value]
+        inbox = self._inbox
+        while not inbox.frames:
+            if inbox.closed:
+                raise self._closed_error()
+            if inbox.getter is not None:
+                raise RuntimeError("recv() called while another task is already waiting in recv()")
+            fut = asyncio.get_running_loop().create_future()
+            inbox.getter = fut
+            try:
+                await fut
+            finally:
+                inbox.getter = None
+        frame = inbox.frames.popleft()
+        inbox.wake_putter()
+        if len(frame) > self._max:
+            # The peer runs with a larger maximum: treat it like an oversize frame announced on a wire.
+            err = FrameTooLargeError(f"peer {self._peer} sent a frame of {len(frame)} bytes; the maximum is {self._max}")
+            log.warning("closing connection to %s: %s", self._peer, err)
+            self._shutdown(err)
+            raise err
+        return frame
 
-    def _mark_closed(self) -> None:
-        if not self._closed:
-            self._closed = True
-            _force_put(self._inbox, _CLOSED)
+    def _closed_error(self) -> TransportError | ProtocolError:
+        err = self._error
+        if err is None:
+            return ConnectionClosedError(f"connection to {self._peer} was closed")
+        return type(err)(str(err))  # a fresh instance: re-raising one object chains its tracebacks
+
+    def _shutdown(self, error: TransportError | ProtocolError | None = None) -> None:
+        for conn in (self, self.other):
+            if conn is not None and not conn._closed:
+                conn._closed = True
+                if conn is self and error is not None:
+                    conn._error = error
+        self._inbox.close()
+        self._outbox.close()
 
     async def close(self) -> None:
-        if self._closed and self.other is not None and self.other._closed:
-            return
-        self._mark_closed()
-        if self.other is not None:
-            # Frames already queued stay readable; the peer's recv raises once it reaches the sentinel.
-            _force_put(self.other._inbox, _CLOSED)
-
-
-def _force_put(q: asyncio.Queue[object], item: object) -> None:
-    """Queue ``item`` even into a full queue (close must never wait on a slow reader)."""
-    try:
-        q.put_nowait(item)
-    except asyncio.QueueFull:
-        q._queue.append(item)  # type: ignore[attr-defined]  # bypass maxsize, then wake getters
-        q._wakeup_next(q._getters)  # type: ignore[attr-defined]
+        """Close both directions; frames already queued stay readable by the peer."""
+        self._shutdown()
 
 
 class MemoryListener:
+    """A memory listener: runs ``handler(conn)`` in its own task per accepted connection."""
+
     def __init__(self, address: str, handler: ConnectionHandler, transport: MemoryTransport) -> None:
         self._address = address
         self._handler = handler
@@ -113,6 +197,10 @@ class MemoryListener:
     async def _run(self, conn: MemoryConnection) -> None:
         try:
             await self._handler(conn)
+        except (TransportError, ProtocolError) as exc:
+            log.debug("connection from %s ended: %r", conn.peer, exc)
+        except Exception:
+            log.exception("connection handler for %s failed", conn.peer)
         finally:
             self._conns.discard(conn)
             await conn.close()
@@ -131,6 +219,8 @@ class MemoryListener:
 
 
 class MemoryTransport:
+    """In-process transport; all connections live on the calling event loop."""
+
     name = "memory"
 
     def __init__(self, max_frame_size: int = 16 * 1024 * 1024, options: MemoryOptions | None = None) -> None:
@@ -142,10 +232,10 @@ class MemoryTransport:
         if listener is None:
             raise ConnectError(f"nothing listens on memory address {address!r}")
         n = self.options.queue_frames
-        a_to_b: asyncio.Queue[object] = asyncio.Queue(n)
-        b_to_a: asyncio.Queue[object] = asyncio.Queue(n)
+        a_to_b, b_to_a = _Pipe(n), _Pipe(n)
         client = MemoryConnection(address, inbox=b_to_a, outbox=a_to_b, max_frame_size=self.max_frame_size)
-        server = MemoryConnection(f"{address}-client", inbox=a_to_b, outbox=b_to_a, max_frame_size=listener._transport.max_frame_size)
+        server = MemoryConnection(f"{address}-client", inbox=a_to_b, outbox=b_to_a,
+                                  max_frame_size=listener._transport.max_frame_size)
         client.other, server.other = server, client
         listener._accept(server)
         return client
