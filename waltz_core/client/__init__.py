@@ -1,0 +1,29 @@
+"""The Waltz client library: :class:`AsyncWaltzClient`, :class:`WaltzClient` and the application API.
+
+See :mod:`.api` (contexts, builder, callbacks, transactions), :mod:`.core` (the asyncio client),
+:mod:`.sync` (the blocking facade and its threading rules) and :mod:`.sql` (exactly-once apply for
+SQL databases). :class:`waltz_core.testing.mock_cluster.MockCluster` serves these clients in memory.
+"""
+
+from __future__ import annotations
+
+from ..locks.lock_id import PartitionLocalLock
+from .api import (
+    BytesSerializer,
+    JsonSerializer,
+    Serializer,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    Utf8Serializer,
+    WaltzClientCallbacks,
+)
+from .core import AsyncWaltzClient
+from .discovery import CoordinationDiscovery, Discovery, StaticDiscovery
+from .sync import WaltzClient
+
+__all__ = [
+    "AsyncWaltzClient", "BytesSerializer", "CoordinationDiscovery", "Discovery", "JsonSerializer",
+    "PartitionLocalLock", "Serializer", "StaticDiscovery", "Transaction", "TransactionBuilder",
+    "TransactionContext", "Utf8Serializer", "WaltzClient", "WaltzClientCallbacks",
+]

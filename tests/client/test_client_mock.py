@@ -1,0 +1,334 @@
+"""The real clients against the in-memory cluster (real protocol over the memory transport)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from waltz_core.client import (
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
+from waltz_core.errors import ChecksumError, ClientError
+from waltz_core.locks.exact import ExactLockTable
+from waltz_core.locks.base import LockRequest
+from waltz_core.testing.mock_cluster import MockCluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def replay_lock_model(cluster: MockCluster, partition_id: int) -> int:
+    """Check every committed transaction against an exact lock table rebuilt from the log."""
+    table = ExactLockTable(-1)
+    log = cluster.transactions(partition_id)
+    for t in log:
+        assert t.transaction_id == log.index(t)
+        request = LockRequest(t.write_locks, t.read_locks, t.append_locks)
+        assert table.check(request, t.client_high_water_mark) is None, f"conflicting transaction committed: {t}"
+        table.begin(request)
+        table.commit(request, t.transaction_id)
+    return len(log)
+
+
+async def test_concurrent_async_clients_never_commit_a_conflict(apps) -> None:
+    async with MockCluster(2, seed=1) as cluster:
+        cluster.set_max_delay(0.002)
+        instances = [apps.AsyncCounterApp() for _ in range(3)]
+        clients = [cluster.async_client(app) for app in instances]
+        for c in clients:
+            await c.start()
+        try:
+            ctxs = []
+
+            async def produce(app, client) -> None:
+                for i in range(40):
+                    ctx = apps.Increment(app, f"k{i % 2}", i % 2)
+                    ctxs.append(ctx)
+                    await client.submit(ctx)
+
+            await asyncio.gather(*(produce(app, c) for app, c in zip(instances, clients, strict=True)))
+            for c in clients:
+                await c.flush()
+            for pid in (0, 1):
+                n = replay_lock_model(cluster, pid)
+                records = [apps.JSON.deserialize(t.data) for t in cluster.transactions(pid)]
+                final = apps.check_chains(records)
+                assert final == {f"k{pid}": n}  # every increment committed exactly once
+                assert n == 60
+                for app in instances:  # every instance applied the whole log, in order, once
+                    assert app.applied[pid] == list(range(n))
+            assert cluster.lock_failures > 0  # the clients really raced
+            assert all(("completion", True) in c.events and "application" in c.events for c in ctxs)
+            assert sum(c.events.count("lock_failure") for c in ctxs) == cluster.lock_failures
+        finally:
+            for c in clients:
+                await c.close()
+
+
+def test_sync_clients_with_faults_commit_each_transaction_exactly_once(apps) -> None:
+    with MockCluster(2, seed=7) as cluster:
+        cluster.set_fault_rate(0.2)
+        instances = [apps.CounterApp() for _ in range(2)]
+        clients = [cluster.client(app) for app in instances]
+        try:
+            def produce(app, client) -> None:
+                for i in range(30):
+                    client.submit(apps.Increment(app, f"k{i % 2}", i % 2))
+
+            threads = [threading.Thread(target=produce, args=pair) for pair in zip(instances, clients, strict=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for c in clients:
+                c.flush(timeout=30)
+                assert not c.has_pending()
+            assert cluster.dropped_appends > 0
+            total = 0
+            for pid in (0, 1):
+                n = replay_lock_model(cluster, pid)
+                assert apps.check_chains([apps.JSON.deserialize(t.data) for t in cluster.transactions(pid)]) == {f"k{pid}": n}
+                total += n
+            assert total == 60  # no lost and no duplicated transaction despite dropped appends
+            # apply callbacks ran on the consumer threads, never on the loop or the submitting threads
+            assert instances[0].apply_threads and all(n.startswith("waltz-consumer") for n in instances[0].apply_threads)
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_restarted_client_resumes_from_its_high_water_mark(apps) -> None:
+    with MockCluster(1) as cluster:
+        first = apps.CounterApp()
+        with cluster.client(first) as client:
+            for _ in range(10):
+                client.submit(apps.Increment(first, "k", 0))
+            client.flush()
+        assert first.applied[0] == list(range(10))
+        # other clients keep writing while our application is down
+        other = apps.CounterApp()
+        with cluster.client(other) as client:
+            for _ in range(7):
+                client.submit(apps.Increment(other, "k", 0))
+            client.flush()
+        # restart from the state the first instance persisted: no gap, no duplicate
+        restarted = apps.CounterApp(start_hwm=first.hwm, values=first.values)
+        with cluster.client(restarted) as client:
+            client.wait_mounted(5)
+            client.submit(apps.Increment(restarted, "k", 0))
+            client.flush()
+            assert client.high_water_mark(0) == 17
+        assert restarted.applied[0] == list(range(10, 18))
+        assert restarted.values == {"k": 18}
+        assert apps.check_chains([apps.JSON.deserialize(t.data) for t in cluster.transactions(0)]) == {"k": 18}
+
+
+async def test_lock_failure_then_retry_succeeds(apps) -> None:
+    async with MockCluster(1) as cluster:
+        app = apps.AsyncCounterApp()
+        async with cluster.async_client(app) as client:
+            await client.wait_mounted(5)
+            cluster.force_next_lock_fail()
+            ctx = apps.Increment(app, "k", 0)
+            await client.submit(ctx)
+            await client.flush()
+        assert ctx.events == ["lock_failure", ("completion", True), "application"]
+        assert ctx.executions == 2
+        assert [t.transaction_id for t in cluster.transactions(0)] == [0]
+
+
+async def test_lock_failure_waits_until_the_conflicting_transaction_is_applied(apps) -> None:
+    async with MockCluster(1) as cluster:
+        writer_app, slow_app = apps.AsyncCounterApp(), apps.AsyncCounterApp()
+        async with cluster.async_client(writer_app) as writer, cluster.async_client(slow_app) as slow:
+            await slow.wait_mounted(5)
+            cluster.suspend_feed()  # slow does not see the writer's commit...
+            await writer.submit(apps.Increment(writer_app, "k", 0))
+            await asyncio.sleep(0.05)
+            ctx = apps.Increment(slow_app, "k", 0)
+            await slow.submit(ctx)  # ...so its stale increment fails on the lock
+            await asyncio.sleep(0.1)
+            assert ctx.events == ["lock_failure"] and ctx.executions == 1  # not retried blind
+            cluster.resume_feed()
+            await slow.flush()
+            await writer.flush()
+        assert ctx.executions == 2 and ctx.events[-1] == "application"
+        assert apps.check_chains([apps.JSON.deserialize(t.data) for t in cluster.transactions(0)]) == {"k": 2}
+
+
+async def test_expiry_by_retry_limit_and_by_deadline(apps) -> None:
+    async with MockCluster(1) as cluster:
+        app = apps.AsyncCounterApp()
+        async with cluster.async_client(app) as client:
+            await client.wait_mounted(5)
+            cluster.force_next_lock_fail()
+            limited = apps.Increment(app, "k", 0, max_retries=0)
+            await client.submit(limited)
+            await client.flush()
+            assert limited.events == ["lock_failure", "expiration"]
+            cluster.set_fault_rate(1.0)  # every append is lost: retried until the deadline
+            timed = apps.Increment(app, "k", 0, timeout=0.8)
+            await client.submit(timed)
+            await client.flush()
+            assert timed.events == ["expiration"] and timed.executions >= 2
+            late = apps.Increment(app, "k", 0, timeout=0.0)
+            await asyncio.sleep(0.01)
+            await client.submit(late)
+            assert late.events == ["expiration"] and late.executions == 0
+        assert cluster.transactions(0) == []
+
+
+def test_back_pressure_blocks_submit_at_the_cap(apps) -> None:
+    with MockCluster(1) as cluster:
+        app = apps.CounterApp()
+        config = cluster.client_process_config()
+        with cluster.client(app, config) as client:
+            client.wait_mounted(5)
+            cap = config.client.max_concurrent_transactions
+            assert cap == 5
+            cluster.suspend_feed()  # commits happen, but the client cannot see them: appends stay in flight
+            for i in range(cap):  # distinct keys: no lock failure frees a slot
+                client.submit(apps.Increment(app, f"k{i}", 0))
+            blocked = threading.Event()
+            done = threading.Event()
+
+            def one_more() -> None:
+                blocked.set()
+                client.submit(apps.Increment(app, "k-last", 0))
+                done.set()
+
+            t = threading.Thread(target=one_more)
+            t.start()
+            blocked.wait(5)
+            assert not done.wait(0.3)  # the sixth submit waits for a slot
+            assert client.has_pending()
+            cluster.resume_feed()
+            assert done.wait(5)
+            t.join()
+            client.flush()
+            assert not client.has_pending()
+        assert len(cluster.transactions(0)) >= cap + 1
+
+
+async def test_reconnect_and_partition_move_lose_nothing(apps) -> None:
+    async with MockCluster(2, seed=3) as cluster:
+        app = apps.AsyncCounterApp()
+        async with cluster.async_client(app) as client:
+            for i in range(60):
+                await client.submit(apps.Increment(app, f"k{i % 2}", i % 2))
+                if i == 20:
+                    cluster.disconnect_clients()
+                if i == 40:
+                    cluster.move_partition(1)
+            await client.flush()
+        for pid in (0, 1):
+            n = replay_lock_model(cluster, pid)
+            assert apps.check_chains([apps.JSON.deserialize(t.data) for t in cluster.transactions(pid)]) == {f"k{pid}": n}
+            assert n == 30
+            assert app.applied[pid] == list(range(30))
+        assert cluster.partitions[1].generation == 2
+
+
+async def test_failed_apply_is_redelivered_in_order(apps) -> None:
+    async with MockCluster(1) as cluster:
+        app = apps.AsyncCounterApp()
+        app.fail_on.add((0, 3))
+        async with cluster.async_client(app) as client:
+            for _ in range(6):
+                await client.submit(apps.Increment(app, "k", 0))
+            await client.flush()
+        assert app.uncaught == [(0, 3)]
+        assert app.applied[0] == list(range(6))
+
+
+class DataApp(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.errors: list[BaseException] = []
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return len(self.data) - 1
+
+    async def apply_transaction(self, txn) -> None:
+        try:
+            self.data.append(await txn.fetch_data())
+        except ChecksumError as exc:
+            self.errors.append(exc)
+            self.data.append(b"")
+
+
+class Put(TransactionContext):
+    def __init__(self, payload: bytes, keep: bool = True) -> None:
+        super().__init__()
+        self.payload = payload
+        self.keep = keep
+        self.results: list[object] = []
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.payload == b"boom":
+            raise ValueError("cannot build")
+        builder.set_transaction_data(self.payload)
+        return self.keep
+
+    def on_completion(self, result: bool) -> None:
+        self.results.append(result)
+
+    def on_exception(self, exc: BaseException) -> None:
+        self.results.append(type(exc).__name__)
+
+
+async def test_data_checksums_execute_outcomes_and_high_water_mark() -> None:
+    async with MockCluster(1) as cluster:
+        app = DataApp()
+        async with cluster.async_client(app) as client:
+            cluster.corrupt_next_data(2)  # retried: attempts 3 of 5 succeeds
+            await client.submit(Put(b"one"))
+            await client.flush()
+            assert app.data == [b"one"] and app.errors == []
+            cluster.corrupt_next_data(5)  # every attempt corrupt: DataChecksumError
+            await client.submit(Put(b"two"))
+            await client.flush()
+            assert len(app.errors) == 1
+            dropped = Put(b"x", keep=False)
+            await client.submit(dropped)
+            assert dropped.results == [False]
+            failing = Put(b"boom")
+            with pytest.raises(ValueError):
+                await client.submit(failing)
+            assert failing.results == ["ValueError"]
+            assert await client.high_water_mark(0) == 1
+            assert not client.has_pending()
+        assert [t.data for t in cluster.transactions(0)] == [b"one", b"two"]
+
+
+def test_sync_client_refuses_flush_from_an_apply_callback() -> None:
+    class Reentrant(WaltzClientCallbacks):
+        client = None
+        error: BaseException | None = None
+
+        def client_high_water_mark(self, partition_id: int) -> int:
+            return -1
+
+        def apply_transaction(self, txn) -> None:
+            try:
+                self.client.flush()
+            except ClientError as exc:
+                self.error = exc
+
+    with MockCluster(1) as cluster:
+        app = Reentrant()
+        with cluster.client(app) as client:
+            app.client = client
+            client.submit(Put(b"a"))
+            deadline = time.monotonic() + 5
+            while app.error is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert isinstance(app.error, ClientError)
+            client.flush()

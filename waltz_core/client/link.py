@@ -1,0 +1,196 @@
+"""The client's connections to one server (seed 001 "Client-Server Interactions").
+
+Two connections per server, as the seed says: the *stream* connection carries mounts, appends,
+flushes and the feed (ordered), the *RPC* connection carries transaction data and high-water
+mark requests (answers matched by ReqId, any order), so a large data fetch never delays the feed.
+
+The stream side is a "network client" that is replaced, never repaired: on any error it is
+closed and a new one (a higher sequence number) connects and re-mounts its partitions. Messages
+are *posted* (never awaited) and written by one writer task, so the order in which the event
+loop posts them is the order the server reads them; posts while disconnected are dropped (the
+appends among them fail at the next mount).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..errors import ClientClosedError, ConnectionClosedError, ProtocolError, TransportError, WaltzError
+from ..protocol import CLIENT
+from ..protocol.wire import ReqId
+from ..transport import MessageChannel
+from ..transport.base import Transport
+
+log = logging.getLogger("waltz.client.link")
+
+
+class ServerLink:
+    """Stream + RPC connections to one server endpoint. Runs on the client's event loop."""
+
+    def __init__(self, endpoint: str, transport: Transport, role: str, *, connect_timeout: float,
+                 reconnect_delay: float, next_net_seq: Callable[[], int],
+                 on_connected: Callable[[ServerLink], None],
+                 on_message: Callable[[ServerLink, Any], Awaitable[None]],
+                 on_lost: Callable[[ServerLink], None]) -> None:
+        self.endpoint = endpoint
+        self.partitions: set[int] = set()
+        self.net_seq = 0  #: sequence number of the current stream network client
+        self._transport = transport
+        self._role = role
+        self._connect_timeout = connect_timeout
+        self._reconnect_delay = reconnect_delay
+        self._next_net_seq = next_net_seq
+        self._on_connected = on_connected
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._encode = CLIENT.encode
+        self._stream: MessageChannel | None = None
+        self._out: list[bytes] = []
+        self._wakeup = asyncio.Event()
+        self._stream_task: asyncio.Task[None] | None = None
+        self._rpc: MessageChannel | None = None
+        self._rpc_lock = asyncio.Lock()
+        self._rpc_reader: asyncio.Task[None] | None = None
+        self._rpc_waiters: dict[ReqId, asyncio.Future[Any]] = {}
+        self._closed = False
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None
+
+    # ------------------------------------------------------------------------------ stream
+
+    def ensure_stream(self) -> None:
+        """Start the stream network client (idempotent)."""
+        if self._stream_task is None and not self._closed:
+            self._stream_task = asyncio.get_running_loop().create_task(self._run_stream(),
+                                                                       name=f"waltz-client-stream-{self.endpoint}")
+
+    def post(self, msg: Any) -> bool:
+        """Queue a stream message; False (dropped) while disconnected."""
+        if self._stream is None:
+            return False
+        self._out.append(self._encode(msg))
+        self._wakeup.set()
+        return True
+
+    def reset_stream(self) -> None:
+        """Close the current stream network client; a new one connects and re-mounts."""
+        if self._stream is not None:
+            asyncio.get_running_loop().create_task(self._stream.close())
+
+    async def _connect(self) -> MessageChannel:
+        conn = await asyncio.wait_for(self._transport.connect(self.endpoint), self._connect_timeout)
+        return await MessageChannel.open(conn, CLIENT, self._role, timeout=self._connect_timeout)
+
+    async def _run_stream(self) -> None:
+        while not self._closed:
+            try:
+                channel = await self._connect()
+            except (WaltzError, TimeoutError, OSError) as exc:
+                log.info("stream connection to %s failed: %s; retrying in %.1fs", self.endpoint, exc, self._reconnect_delay)
+                await asyncio.sleep(self._reconnect_delay)
+                continue
+            self.net_seq = self._next_net_seq()
+            self._stream = channel
+            self._out = []
+            writer = asyncio.get_running_loop().create_task(self._write_loop(channel))
+            try:
+                self._on_connected(self)
+                while True:
+                    msg = await channel.recv()
+                    await self._on_message(self, msg)
+            except ConnectionClosedError:
+                log.info("stream connection to %s closed", self.endpoint)
+            except (ProtocolError, TransportError) as exc:
+                log.warning("stream connection to %s failed: %s", self.endpoint, exc)
+            finally:
+                self._stream = None
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+                await channel.close()
+                if not self._closed:
+                    self._on_lost(self)
+
+    async def _write_loop(self, channel: MessageChannel) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._out:
+                    frames, self._out = self._out, []
+                    await channel.conn.send_many(frames)
+        except TransportError as exc:
+            log.info("stream write to %s failed: %s", self.endpoint, exc)
+            await channel.close()
+
+    # --------------------------------------------------------------------------------- rpc
+
+    async def rpc(self, msg: Any, timeout: float) -> Any:
+        """Send an RPC request and wait for the response with the same ReqId.
+
+        Raises TransportError (connection failed or lost), TimeoutError, ClientClosedError.
+        """
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        channel = await self._rpc_channel()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._rpc_waiters[msg.req_id] = fut
+        try:
+            await channel.send(msg)
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._rpc_waiters.pop(msg.req_id, None)
+
+    async def _rpc_channel(self) -> MessageChannel:
+        async with self._rpc_lock:
+            if self._rpc is None or self._rpc.closed:
+                try:
+                    channel = await self._connect()
+                except TimeoutError as exc:
+                    raise ConnectionClosedError(f"RPC connection to {self.endpoint} timed out") from exc
+                self._rpc = channel
+                self._rpc_reader = asyncio.get_running_loop().create_task(self._read_rpc(channel))
+            return self._rpc
+
+    async def _read_rpc(self, channel: MessageChannel) -> None:
+        error: WaltzError = ConnectionClosedError(f"RPC connection to {self.endpoint} closed")
+        try:
+            while True:
+                msg = await channel.recv()
+                fut = self._rpc_waiters.get(msg.req_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except ConnectionClosedError:
+            pass
+        except (ProtocolError, TransportError) as exc:
+            log.warning("RPC connection to %s failed: %s", self.endpoint, exc)
+            error = ConnectionClosedError(f"RPC connection to {self.endpoint} failed: {exc}")
+        finally:
+            if self._rpc is channel:
+                self._rpc = None
+            await channel.close()
+            for fut in list(self._rpc_waiters.values()):
+                if not fut.done():
+                    fut.set_exception(type(error)(str(error)))
+
+    # ------------------------------------------------------------------------------- close
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [t for t in (self._stream_task, self._rpc_reader) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._stream is not None:
+            await self._stream.close()
+            self._stream = None
+        if self._rpc is not None:
+            await self._rpc.close()
+            self._rpc = None
+        for fut in self._rpc_waiters.values():
+            if not fut.done():
+                fut.set_exception(ClientClosedError("the client is closed"))
