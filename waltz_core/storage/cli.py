@@ -338,3 +338,55 @@ def segment_stats_command(segment: str) -> None:
                  ("total data bytes", s.total_data_bytes), ("file bytes", s.file_bytes)):
         table.add_row(k, str(v))
     Console().print(table)
+
+
+@storage_group.command("sync-partitions")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="CLI config (transport, coordination).")
+def sync_partitions(config_path: str | None) -> None:
+    """Make every storage node hold exactly the partitions coordination assigns it (no files deleted).
+
+    Reads ``<root>/store/assignment`` and the admin ports from ``<root>/store/connection``, then
+    assigns missing partitions and unassigns extra ones on each node (original storage-cli).
+    """
+    from ..config import CliConfig, load
+    from ..coordination import open_coordination
+    from ..coordination.recipes import StoreMetadata
+    from ..transport import open_transport
+    from .client import StorageAdminClient
+
+    config = load(CliConfig, config_path)
+
+    async def main() -> list[tuple[str, list[int], list[int]]]:
+        backend = open_coordination(config.coordination)
+        await backend.start()
+        try:
+            sm = StoreMetadata(backend, config.coordination.root)
+            params = await sm.get_store_params()
+            assignments = await sm.get_replica_assignments()
+            connections = await sm.get_connections()
+        finally:
+            await backend.close()
+        transport = open_transport(config.transport)
+        changes = []
+        try:
+            for storage, wanted in sorted(assignments.items()):
+                admin_address = f"{storage.rpartition(':')[0]}:{connections[storage]}"
+                admin = await StorageAdminClient.connect(transport, admin_address, params.cluster_key,
+                                                         params.num_partitions)
+                try:
+                    held = {pid for pid, _ok in (await admin.assigned_partition_status()).items()}
+                    add = sorted(set(wanted) - held)
+                    remove = sorted(held - set(wanted))
+                    if add:
+                        await admin.set_assignment(add, True)
+                    if remove:
+                        await admin.set_assignment(remove, False)
+                    changes.append((storage, add, remove))
+                finally:
+                    await admin.close()
+        finally:
+            await transport.aclose()
+        return changes
+
+    for storage, add, remove in _run(main()):
+        click.echo(f"{storage}: assigned {add or 'nothing'}, unassigned {remove or 'nothing'}")

@@ -23,9 +23,11 @@ def expire_zookeeper_session(backend: ZooKeeperBackend, connect: str) -> None:
     session id and password, then closes it. Blocks (run it in a thread)."""
     session_id, password = backend.client.client_id
     thief = KazooClient(hosts=connect, client_id=(session_id, password), timeout=backend.session_timeout)
-    thief.start(10)
-    thief.stop()
-    thief.close()
+    try:
+        thief.start(10)
+    finally:
+        thief.stop()
+        thief.close()
 
 
 class TestZooKeeperConformance(CoordinationConformance):

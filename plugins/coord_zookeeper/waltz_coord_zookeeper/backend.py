@@ -175,7 +175,12 @@ class ZooKeeperBackend:
         zk, self._zk = self._zk, None
         if zk is not None:
             zk.remove_listener(self._on_kazoo_state)
-            await asyncio.to_thread(self._stop_client, zk)
+            try:
+                # kazoo's stop joins its connection thread; never let a wedged one hang the caller.
+                await asyncio.wait_for(asyncio.to_thread(self._stop_client, zk), max(10.0, self.session_timeout))
+            except TimeoutError:
+                log.warning("zookeeper: client for %s did not stop within %.0fs", self.connect,
+                            max(10.0, self.session_timeout))
 
     @property
     def session_state(self) -> SessionState:

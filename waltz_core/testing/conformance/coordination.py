@@ -105,6 +105,14 @@ class CoordinationConformance:
         raise NotImplementedError("a backend's conformance test must override the backend_factory fixture")
         yield  # type: ignore[unreachable]
 
+    async def _expire(self, backend: CoordinationBackend) -> None:
+        """``expire_session`` with a bound: a backend that never confirms the expiry fails the test
+        with a clear message instead of hanging it."""
+        try:
+            await asyncio.wait_for(self.expire_session(backend), max(30.0, self.event_timeout))
+        except TimeoutError:
+            pytest.fail(f"expire_session({backend!r}) did not return within {max(30.0, self.event_timeout)}s")
+
     async def expire_session(self, backend: CoordinationBackend) -> None:  # pragma: no cover - overridden
         raise NotImplementedError("a backend's conformance test must override expire_session(backend)")
 
@@ -310,7 +318,7 @@ class CoordinationConformance:
         key = f"{root}/eph"
         await owner.create(key, b"alive", ephemeral=True)
         await owner.create(f"{root}/kept", b"kept")
-        await self.expire_session(owner)
+        await self._expire(owner)
         await eventually(lambda: SessionState.LOST in states, self.event_timeout, "LOST reported after expiry")
         await eventually(lambda: self._absent(other, key), self.event_timeout, "ephemeral key gone after expiry")
         await eventually(lambda: states[-1] is SessionState.CONNECTED and owner.session_state is SessionState.CONNECTED,
@@ -384,7 +392,7 @@ class CoordinationConformance:
         client.watch(parent, seen)
         await asyncio.sleep(0.3)
         before = seen.calls
-        await self.expire_session(owner)
+        await self._expire(owner)
         await seen.wait_beyond(before, self.event_timeout)
         await eventually(lambda: self._no_children(client, parent), self.event_timeout, "ephemeral child gone")
 
@@ -398,7 +406,7 @@ class CoordinationConformance:
         client.add_session_listener(states.append)
         await asyncio.sleep(0.3)
         before = seen.calls
-        await self.expire_session(client)
+        await self._expire(client)
         await eventually(lambda: SessionState.LOST in states and client.session_state is SessionState.CONNECTED,
                          self.event_timeout, "LOST then CONNECTED")
         # After a reconnect every watch fires once (changes may have been missed) ...
@@ -535,7 +543,7 @@ class CoordinationConformance:
             await manager.start()
             await eventually(lambda: bool(got) and len(got[-1].partitions) == 3, self.event_timeout, "all partitions")
             old_id, old = manager.server_id, dict(got[-1].partitions)
-            await self.expire_session(backend)
+            await self._expire(backend)
             await eventually(lambda: manager.server_id != old_id and bool(got) and len(got[-1].partitions) == 3
                              and got[-1].server_id == manager.server_id, self.event_timeout,
                              "re-registered with a new server id and got the partitions back")
@@ -545,7 +553,7 @@ class CoordinationConformance:
             assert [d.server_id for d in descriptors] == [manager.server_id]
             assert descriptors[0].preferred_partitions == (2,)
         finally:
-            await manager.close()
+            await asyncio.wait_for(manager.close(), self.event_timeout)
 
     async def test_recipe_id_allocation(self, client: CoordinationBackend, other: CoordinationBackend, root: str) -> None:
         from ...coordination import recipes

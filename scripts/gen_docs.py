@@ -1,0 +1,62 @@
+"""Regenerate the reference pages that are generated from the code.
+
+    .venv/bin/python scripts/gen_docs.py          # rewrite docs/configuration.md and docs/hooks.md
+    .venv/bin/python scripts/gen_docs.py --check  # exit 1 if they are out of date (tests run this)
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+from waltz_core import hookspecs
+from waltz_core.cli.commands import render_schema
+from waltz_core.config import PROCESS_CONFIGS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def configuration() -> str:
+    head = ("# Configuration reference\n\n"
+            "Generated from the code by `scripts/gen_docs.py` (`waltz config schema --markdown` prints the same).\n"
+            "Every process reads one TOML file (`--config`); `WALTZ_<SECTION>_<KEY>` environment variables override it,\n"
+            "for example `WALTZ_SERVER_PORT=55180`. Backend options live in `[transport.<name>]` and\n"
+            "`[coordination.<name>]` tables.\n\n")
+    return head + render_schema(list(PROCESS_CONFIGS), markdown=True).rstrip() + "\n"
+
+
+def hooks() -> str:
+    out = ["# Hook reference", "",
+           "Generated from `waltz_core/hookspecs.py` by `scripts/gen_docs.py`. Implement hooks with",
+           "`from waltz_core import hookimpl`; see docs/plugin-authors.md for a walk-through.", ""]
+    for name, fn in inspect.getmembers(hookspecs, inspect.isfunction):
+        if not name.startswith("waltz_"):
+            continue
+        params = ", ".join(inspect.signature(fn).parameters)
+        out += [f"## `{name}({params})`", "", inspect.cleandoc(fn.__doc__ or ""), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+PAGES = {"docs/configuration.md": configuration, "docs/hooks.md": hooks}
+
+
+def main() -> int:
+    check = "--check" in sys.argv
+    stale = []
+    for rel, make in PAGES.items():
+        path = ROOT / rel
+        text = make()
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(rel)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run: .venv/bin/python scripts/gen_docs.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
