@@ -228,3 +228,21 @@ async def test_inconsistent_replica_is_truncated_to_its_own_low_water_mark() -> 
     assert [r.transaction_id for r in log3] == list(range(5)), "truncated to its own low-water mark 4"
     assert result.lagging == {"s3:1": 4}
     assert result.replica_states["s3:1"] == ReplicaState(3, 9)
+
+
+async def test_closing_a_partition_while_it_recovers_stops_everything() -> None:
+    from waltz_core.locks.exact import ExactLockTable
+    from waltz_core.server.partition import Partition
+
+    replicas, meta, store, _ = make()
+    replicas["s2:1"].down = replicas["s3:1"].down = True  # one of three: recovery cannot decide
+    partition = Partition(0, 0, store, lambda hwm: ExactLockTable(hwm), CONFIG)
+    partition.open_task = asyncio.ensure_future(partition.open())
+    await asyncio.sleep(0.2)
+    assert not partition.open_task.done() and not partition.ready
+    await asyncio.wait_for(partition.close(), 5)
+    assert partition.open_task.cancelled() or partition.open_task.done()
+    assert not partition.ready and store.session is None
+    replicas["s2:1"].down = False
+    await asyncio.sleep(0.3)
+    assert store.session is None, "nothing may start a session after close"

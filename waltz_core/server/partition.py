@@ -117,6 +117,7 @@ class Partition:
         self._committed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._append_task: asyncio.Task[None] | None = None
+        self.open_task: asyncio.Task[Any] | None = None  #: the task running open(); cancelled by close()
         self._closed = False
         # metrics
         self.appends = 0
@@ -129,6 +130,8 @@ class Partition:
     async def open(self) -> None:
         """Recover the store, then accept appends."""
         hwm = await self.store.open(self)
+        if self._closed:  # the partition moved away while it was recovering
+            return
         self.high_water_mark = hwm
         self._feed_cache.reset(hwm + 1)
         self.locks = self._lock_table_factory(hwm)
@@ -140,6 +143,9 @@ class Partition:
             return
         self._closed = True
         self.ready = False
+        if self.open_task is not None and self.open_task is not asyncio.current_task() and not self.open_task.done():
+            self.open_task.cancel()  # still recovering: stop it (its store session is fenced anyway)
+            await asyncio.gather(self.open_task, return_exceptions=True)
         tasks = [t for t in (self._append_task,) if t] + [s.feed for s in self._clients.values() if s.feed] + list(self._tasks)
         for t in tasks:
             t.cancel()

@@ -151,7 +151,9 @@ class WaltzServer:
             default_plugin_manager().hook.waltz_partition_opened(
                 server_name=self.name, partition_id=pid, high_water_mark=partition.high_water_mark)
 
-        self._spawn(run())
+        partition.open_task = asyncio.get_running_loop().create_task(run(), name=f"open-p{pid}")
+        self._tasks.add(partition.open_task)
+        partition.open_task.add_done_callback(self._tasks.discard)
 
     async def _close_partition(self, pid: int) -> None:
         partition = self.partitions.pop(pid, None)

@@ -233,6 +233,8 @@ class ReplicatedStore:
     async def open(self, sink: StoreSink) -> int:
         self._sink = sink
         await self._start_session_with_retry()
+        if self._closed:
+            raise PartitionNotReadyError(f"partition {self.partition_id} was closed while it was recovering")
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name=f"store-p{self.partition_id}")
         return self.high_water_mark
 
@@ -314,6 +316,8 @@ class ReplicatedStore:
             mark = result.high_water_mark if clean else result.lagging[endpoint]
             rs = _ReplicaSession(session, endpoint, api, mark, clean)
             session.replicas[endpoint] = rs
+        if self._closed:
+            return  # closed while recovering: start nothing
         for rs in session.replicas.values():
             rs.task = asyncio.get_running_loop().create_task(rs.run(), name=f"replica-p{pid}-{rs.endpoint}")
         self.high_water_mark = result.high_water_mark
