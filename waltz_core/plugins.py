@@ -39,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "waltz_core.server.plugin",
     "waltz_core.client.plugin",
     "waltz_core.cli.commands",
+    "waltz_core.app.plugin",
 )
 
 #: Registry kinds in display order: kind -> hook that fills it.

@@ -1,0 +1,276 @@
+"""``waltz up``: a whole local cluster (3 storage nodes, servers, coordination) with one command.
+
+Everything lives under one data directory::
+
+    <data-dir>/spec.toml            partitions, cluster name (the directory is reused on restart)
+    <data-dir>/client.toml          what applications pass to WaltzClient
+    <data-dir>/storage-N.toml, server-N.toml, storage-N/, coordination/, logs/
+    <data-dir>/waltz-up.pids        pids of a --background cluster (removed by --stop)
+
+Processes are real ``waltz storage start`` / ``waltz server start`` subprocesses in their own
+sessions, so Ctrl-C in a terminal reaches only ``waltz up``, which then stops them in order
+(servers first, SIGTERM, then storage nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from ..client.api import Transaction, WaltzClientCallbacks
+from ..client.core import AsyncWaltzClient
+from ..config import ClientProcessConfig, CoordinationConfig
+from ..errors import ClientError, ConfigError, WaltzError
+from ..local_cluster import ClusterSpec, ProcessCluster
+
+PID_FILE = "waltz-up.pids"
+
+
+@attrs.frozen
+class UpOptions:
+    """What ``waltz up`` was asked for (a reused data directory keeps its own shape)."""
+
+    data_dir: Path
+    partitions: int = 4
+    servers: int = 1
+    storages: int = 3
+    coordination: str = "local"
+    connect: str | None = None
+    root: str = "/waltz"
+    transport: str = "tcp"
+    ready_timeout: float = 60.0
+
+
+def _coordination(options: UpOptions) -> CoordinationConfig:
+    if options.coordination == "local":
+        return CoordinationConfig(name="local", connect=str(options.data_dir / "coordination"), root=options.root,
+                                  session_timeout=3.0)
+    if not options.connect:
+        raise ConfigError(f"--coordination {options.coordination} needs --connect host:port[,host:port...]")
+    return CoordinationConfig(name=options.coordination, connect=options.connect, root=options.root,
+                              session_timeout=6.0)
+
+
+def running_pids(data_dir: Path) -> dict[str, int]:
+    """Processes of a ``--background`` cluster in ``data_dir`` that are still alive."""
+    path = data_dir / PID_FILE
+    if not path.exists():
+        return {}
+    try:
+        pids = {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
+    except (ValueError, AttributeError) as exc:
+        raise WaltzError(f"{path} is not a pid file of waltz up: {exc}") from exc
+    return {name: pid for name, pid in pids.items() if _is_ours(pid, data_dir / f"{name}.toml")}
+
+
+def _is_ours(pid: int, config_file: Path) -> bool:
+    """True if ``pid`` is alive and is the waltz process started with ``config_file`` (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True  # no /proc (macOS): trust the pid file
+    return str(config_file).encode() in cmdline
+
+
+class LocalCluster:
+    """The cluster of one ``waltz up`` (blocking API, for the CLI and the quickstart)."""
+
+    def __init__(self, options: UpOptions, echo: Callable[[str], None] = print) -> None:
+        self.options = options
+        self.echo = echo
+        data_dir = options.data_dir.resolve()
+        self.data_dir = data_dir
+        loaded = ClusterSpec.load(data_dir)
+        self.reused = loaded is not None
+        if loaded is None:
+            self.spec = ClusterSpec(data_dir, num_partitions=options.partitions, num_storages=options.storages,
+                                    num_servers=options.servers, transport=options.transport,
+                                    coordination=_coordination(attrs.evolve(options, data_dir=data_dir)))
+        else:
+            self.spec = loaded
+            if (loaded.num_partitions, loaded.num_servers) != (options.partitions, options.servers):
+                echo(f"reusing the cluster in {data_dir} as it was created: {loaded.num_partitions} partitions, "
+                     f"{loaded.num_servers} server(s) (delete the directory for a new one)")
+        self.processes = ProcessCluster(self.spec, log_dir=data_dir / "logs")
+
+    @property
+    def client_config_path(self) -> Path:
+        return self.data_dir / "client.toml"
+
+    def client_config(self, **client: object) -> ClientProcessConfig:
+        return self.spec.client_config(**client)
+
+    def start(self) -> None:
+        """Start every process and wait until every partition is served (mountable)."""
+        running = running_pids(self.data_dir)
+        if running:
+            raise WaltzError(f"a cluster is already running in {self.data_dir} (pids {sorted(running.values())}); "
+                             f"stop it with: waltz up --stop --data-dir {self.data_dir}")
+        t0 = time.monotonic()
+        try:
+            asyncio.run(self._start())
+        except BaseException:
+            self.stop()
+            raise
+        self.echo(f"cluster ready in {time.monotonic() - t0:.1f}s: {self.spec.num_storages} storage nodes, "
+                  f"{self.spec.num_servers} server(s), {self.spec.num_partitions} partitions "
+                  f"({'reused' if self.reused else 'new'}, data in {self.data_dir})")
+
+    async def _start(self) -> None:
+        await self.processes.start()
+        await wait_served(self.spec.client_config(), self.spec.num_partitions, self.options.ready_timeout,
+                          self.dead_process)
+
+    def dead_process(self) -> str | None:
+        """A description of the first process that exited, with the end of its log, or None."""
+        for kind, procs in (("storage", self.processes.storages), ("server", self.processes.servers)):
+            for i, p in procs.items():
+                if p.poll() is not None:
+                    log = self.processes.log_dir / f"{kind}-{i}.log"
+                    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                    return f"{kind}-{i} exited with status {p.returncode}; end of {log}:\n{tail}"
+        return None
+
+    def pids(self) -> dict[str, int]:
+        out = {f"storage-{i}": p.pid for i, p in self.processes.storages.items()}
+        out.update({f"server-{i}": p.pid for i, p in self.processes.servers.items()})
+        return out
+
+    def write_pid_file(self) -> Path:
+        path = self.data_dir / PID_FILE
+        path.write_text(json.dumps(self.pids(), indent=1) + "\n")
+        return path
+
+    def stop(self) -> None:
+        """Stop servers, then storage nodes (SIGTERM, SIGKILL after 10 s)."""
+        self.processes.stop()
+        (self.data_dir / PID_FILE).unlink(missing_ok=True)
+
+    def connect_help(self) -> str:
+        return connect_help(self.client_config_path)
+
+
+def connect_help(config_path: Path) -> str:
+    return (f"client config: {config_path}\n"
+            "connect from Python:\n"
+            "    from waltz_core import WaltzClient, config\n"
+            f"    cfg = config.load(config.ClientProcessConfig, {str(config_path)!r})\n"
+            "    client = WaltzClient(my_callbacks, cfg)  # see docs/user-guide.md\n"
+            f"try the demo bank:  waltz demo bank --config {config_path}")
+
+
+def stop_background(data_dir: Path, timeout: float = 10.0, echo: Callable[[str], None] = print) -> int:
+    """Stop the ``--background`` cluster of ``data_dir``; returns how many processes were stopped."""
+    data_dir = data_dir.resolve()
+    pids = running_pids(data_dir)
+    # servers first: they flush to the storage nodes and leave coordination cleanly
+    order = sorted(pids, key=lambda name: (not name.startswith("server"), name))
+    for name in order:
+        _terminate(pids[name], timeout)
+        echo(f"stopped {name} (pid {pids[name]})")
+    (data_dir / PID_FILE).unlink(missing_ok=True)
+    return len(pids)
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        # reap it if it is our child (the foreground runner); else it is init's
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for us
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class _Mounter(WaltzClientCallbacks):
+    """Callbacks that mount at given high-water marks and ignore the feed."""
+
+    def __init__(self, hwms: dict[int, int]) -> None:
+        self.hwms = hwms
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwms.get(partition_id, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        pass
+
+
+async def wait_served(config: ClientProcessConfig, num_partitions: int, timeout: float,
+                      dead: Callable[[], str | None] = lambda: None) -> None:
+    """Wait until a client can mount every partition (each is owned by a server that recovered it).
+
+    ``dead()`` is polled: a process that exited ends the wait with its description.
+    Raises :class:`~waltz_core.errors.WaltzError` on timeout.
+    """
+    cfg = attrs.evolve(config, client=attrs.evolve(config.client, auto_mount=False, rpc_timeout=1.0))
+    deadline = time.monotonic() + timeout
+    hwms: dict[int, int] = {}
+    client = AsyncWaltzClient(_Mounter(hwms), cfg)
+    while True:
+        try:
+            await client.start()
+            break
+        except WaltzError as exc:
+            _check(deadline, dead, f"cluster not found: {exc}")
+            client = AsyncWaltzClient(_Mounter(hwms), cfg)
+            await asyncio.sleep(0.2)
+    try:
+        for pid in range(num_partitions):
+            while True:
+                try:
+                    hwms[pid] = await client.high_water_mark(pid)
+                    break
+                except ClientError as exc:
+                    _check(deadline, dead, f"partition {pid} has no server: {exc}")
+        await client.set_partitions(range(num_partitions))
+        while True:
+            try:
+                await client.wait_mounted(0.5)
+                return
+            except ClientError:
+                _check(deadline, dead, "partitions not mounted")
+    finally:
+        await client.close()
+
+
+def _check(deadline: float, dead: Callable[[], str | None], what: str) -> None:
+    problem = dead()
+    if problem is not None:
+        raise WaltzError(problem)
+    if time.monotonic() > deadline:
+        raise WaltzError(f"the cluster is not ready: {what}")

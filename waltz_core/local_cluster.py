@@ -1,0 +1,392 @@
+"""A whole Waltz cluster on one machine: for ``waltz up``, tests and benchmarks.
+
+:class:`ClusterSpec` decides ports and directories, writes one TOML file per process and
+bootstraps coordination (cluster, storage nodes, replica assignment) exactly as an operator
+would with ``waltz cluster ...``. Two runners start the processes:
+
+* :class:`InProcessCluster` runs storage nodes and servers as tasks of the caller's event loop
+  (fast; for tests that do not need to kill a process);
+* :class:`ProcessCluster` runs each as a real ``waltz storage start`` / ``waltz server start``
+  subprocess (for kill -9 tests, ``waltz up`` and benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .config import (
+    ClientProcessConfig,
+    CoordinationConfig,
+    ServerProcessConfig,
+    StorageProcessConfig,
+    TransportConfig,
+    build,
+)
+from .coordination import open_coordination
+from .coordination.recipes import StoreMetadata, create_cluster, get_cluster_params
+from .errors import ClusterNotFoundError
+from .storage.client import StorageAdminClient
+from .transport import open_transport
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports: the sockets are held until all are chosen, so none repeats."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def to_toml(data: dict[str, dict[str, Any]]) -> str:
+    """Two-level tables (plus [section.backend] option tables) as TOML text."""
+    out: list[str] = []
+    for section, values in data.items():
+        out.append(f"[{section}]")
+        nested = {k: v for k, v in values.items() if isinstance(v, dict)}
+        for k, v in values.items():
+            if not isinstance(v, dict):
+                out.append(f"{k} = {_toml_value(v)}")
+        out.append("")
+        for name, table in nested.items():
+            out.append(f"[{section}.{name}]")
+            out.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+            out.append("")
+    return "\n".join(out)
+
+
+@attrs.define
+class NodeSpec:
+    name: str
+    config_file: Path
+    address: str
+    http_port: int = 0
+
+
+@attrs.define
+class ClusterSpec:
+    """Everything about a local cluster that is decided before any process starts."""
+
+    directory: Path
+    num_partitions: int = 4
+    num_storages: int = 3
+    num_servers: int = 1
+    transport: str = "tcp"
+    transport_options: dict[str, Any] = attrs.Factory(dict)
+    coordination: CoordinationConfig | None = None
+    cluster_name: str = "waltz-local"
+    server_overrides: dict[str, Any] = attrs.Factory(dict)
+    http: bool = False
+    host: str = "127.0.0.1"
+    storages: list[NodeSpec] = attrs.Factory(list)
+    servers: list[NodeSpec] = attrs.Factory(list)
+
+    def __attrs_post_init__(self) -> None:
+        self.directory = Path(self.directory)
+        if self.coordination is None:
+            self.coordination = CoordinationConfig(name="local", connect=str(self.directory / "coordination"), root="/waltz",
+                                                   session_timeout=3.0)
+
+    @classmethod
+    def load(cls, directory: Path | str) -> ClusterSpec | None:
+        """The spec of a cluster whose configs were written in ``directory`` earlier (same ports,
+        same coordination), or None if there is none. ``num_partitions`` comes from ``spec.toml``."""
+        import tomllib
+
+        directory = Path(directory)
+        marker = directory / "spec.toml"
+        if not marker.exists():
+            return None
+        meta = tomllib.loads(marker.read_text()).get("cluster", {})
+
+        def nodes(prefix: str, section: str) -> list[NodeSpec]:
+            out = []
+            for path in sorted(directory.glob(f"{prefix}-*.toml"), key=lambda f: int(f.stem.rsplit("-", 1)[1])):
+                data = tomllib.loads(path.read_text())
+                node = data[section]
+                out.append(NodeSpec(path.stem, path, f"{node['host']}:{node['port']}", data.get("http", {}).get("port", 0)))
+            return out
+
+        storages, servers = nodes("storage", "storage"), nodes("server", "server")
+        client = build(ClientProcessConfig, tomllib.loads((directory / "client.toml").read_text()))
+        first = tomllib.loads(storages[0].config_file.read_text()) if storages else {}
+        return cls(directory, num_partitions=int(meta.get("num_partitions", 4)), num_storages=len(storages),
+                   num_servers=len(servers), transport=client.transport.name,
+                   transport_options=dict(first.get("transport", {}).get(client.transport.name, {})),
+                   coordination=client.coordination, cluster_name=str(meta.get("cluster_name", "waltz-local")),
+                   http=any(n.http_port for n in storages + servers), host=str(first.get("storage", {}).get("host", "127.0.0.1")),
+                   storages=storages, servers=servers)
+
+    # ---------------------------------------------------------------------------- config files
+
+    def _common(self) -> dict[str, dict[str, Any]]:
+        coord = self.coordination
+        assert coord is not None
+        transport: dict[str, Any] = {"name": self.transport}
+        if self.transport_options:
+            transport[self.transport] = dict(self.transport_options)
+        coordination: dict[str, Any] = {"name": coord.name, "connect": coord.connect, "root": coord.root,
+                                        "session_timeout": coord.session_timeout}
+        for name, opts in coord.options.items():
+            coordination[name] = dict(opts)
+        return {"transport": transport, "coordination": coordination}
+
+    def write_configs(self) -> None:
+        """Pick ports, write ``storage-N.toml`` / ``server-N.toml`` / ``client.toml`` under the directory."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.storages and self.servers:
+            return
+        ports = iter(free_ports(3 * self.num_storages + 2 * self.num_servers))
+        self.storages, self.servers = [], []
+        for i in range(self.num_storages):
+            port, admin, http = next(ports), next(ports), next(ports)
+            path = self.directory / f"storage-{i}.toml"
+            data = {"storage": {"host": self.host, "port": port, "admin_port": admin,
+                                "directory": str(self.directory / f"storage-{i}")},
+                    "http": {"port": http if self.http else 0}, **self._common()}
+            path.write_text(to_toml(data))
+            self.storages.append(NodeSpec(f"storage-{i}", path, f"{self.host}:{port}", http if self.http else 0))
+        for i in range(self.num_servers):
+            port, http = next(ports), next(ports)
+            path = self.directory / f"server-{i}.toml"
+            data = {"server": {"host": self.host, "port": port, **self.server_overrides},
+                    "http": {"port": http if self.http else 0}, **self._common()}
+            path.write_text(to_toml(data))
+            self.servers.append(NodeSpec(f"server-{i}", path, f"{self.host}:{port}", http if self.http else 0))
+        (self.directory / "client.toml").write_text(to_toml({"client": {}, **self._common()}))
+        (self.directory / "spec.toml").write_text(to_toml({"cluster": {
+            "num_partitions": self.num_partitions, "cluster_name": self.cluster_name}}))
+
+    def admin_address(self, i: int) -> str:
+        cfg = self.storage_config(i)
+        return f"{cfg.storage.host}:{cfg.storage.admin_port}"
+
+    def storage_config(self, i: int) -> StorageProcessConfig:
+        import tomllib
+
+        return build(StorageProcessConfig, tomllib.loads(self.storages[i].config_file.read_text()))
+
+    def server_config(self, i: int) -> ServerProcessConfig:
+        import tomllib
+
+        return build(ServerProcessConfig, tomllib.loads(self.servers[i].config_file.read_text()))
+
+    def client_config(self, **client: Any) -> ClientProcessConfig:
+        import tomllib
+
+        data = tomllib.loads((self.directory / "client.toml").read_text())
+        data["client"] = {**data.get("client", {}), **client}
+        return build(ClientProcessConfig, data)
+
+    @property
+    def transport_config(self) -> TransportConfig:
+        return build(TransportConfig, self._common()["transport"], "transport")
+
+    # ---------------------------------------------------------------------------- bootstrap
+
+    async def bootstrap(self) -> bool:
+        """Create the cluster and its replica assignment if absent. True if it was created now."""
+        assert self.coordination is not None
+        backend = open_coordination(self.coordination)
+        await backend.start()
+        try:
+            try:
+                await get_cluster_params(backend, self.coordination.root)
+                return False
+            except ClusterNotFoundError:
+                pass
+            await create_cluster(backend, self.coordination.root, self.cluster_name, self.num_partitions)
+            sm = StoreMetadata(backend, self.coordination.root)
+            for i, node in enumerate(self.storages):
+                admin_port = self.storage_config(i).storage.admin_port
+                await sm.add_storage_node(node.address, admin_port, 0)
+            for node in self.storages:
+                await sm.assign_partitions(node.address, range(self.num_partitions))
+            return True
+        finally:
+            await backend.close()
+
+    async def assign_on_storage(self, i: int, timeout: float = 15.0) -> None:
+        """Tell storage node ``i`` (admin port) to hold every partition the metadata gives it."""
+        assert self.coordination is not None
+        backend = open_coordination(self.coordination)
+        await backend.start()
+        try:
+            sm = StoreMetadata(backend, self.coordination.root)
+            params = await sm.get_store_params()
+            partitions = (await sm.get_replica_assignments()).get(self.storages[i].address, [])
+        finally:
+            await backend.close()
+        transport = open_transport(self.transport_config)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    admin = await StorageAdminClient.connect(transport, self.admin_address(i), params.cluster_key,
+                                                             params.num_partitions)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+            try:
+                if partitions:
+                    await admin.set_assignment(sorted(partitions), True)
+            finally:
+                await admin.close()
+        finally:
+            await transport.aclose()
+
+
+class InProcessCluster:
+    """Storage nodes and servers as tasks of the current event loop."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self._storage_stops: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+        self.servers: dict[int, Any] = {}
+
+    async def start(self) -> None:
+        self.spec.write_configs()
+        await self.spec.bootstrap()
+        for i in range(self.spec.num_storages):
+            await self.start_storage(i)
+        for i in range(self.spec.num_servers):
+            await self.start_server(i)
+
+    async def start_storage(self, i: int) -> None:
+        from .storage.process import run_storage
+
+        stop = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(run_storage(self.spec.storage_config(i), stop=stop, announce=False))
+        self._storage_stops[i] = (stop, task)
+        await self.spec.assign_on_storage(i)
+
+    async def stop_storage(self, i: int) -> None:
+        stop, task = self._storage_stops.pop(i)
+        stop.set()
+        await task
+
+    async def start_server(self, i: int) -> Any:
+        from .server.server import WaltzServer
+
+        server = WaltzServer(self.spec.server_config(i))
+        await server.start()
+        self.servers[i] = server
+        return server
+
+    async def stop_server(self, i: int) -> None:
+        server = self.servers.pop(i)
+        await server.stop()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every partition is owned by a running server and healthy."""
+        deadline = time.monotonic() + timeout
+        while True:
+            owned = {pid for s in self.servers.values() for pid, p in s.partitions.items() if p.healthy}
+            if owned >= set(range(self.spec.num_partitions)):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"partitions not ready after {timeout}s: "
+                                   f"{sorted(set(range(self.spec.num_partitions)) - owned)}")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        for i in list(self.servers):
+            await self.stop_server(i)
+        for i in list(self._storage_stops):
+            await self.stop_storage(i)
+
+
+class ProcessCluster:
+    """Storage nodes and servers as real subprocesses (``waltz storage start`` / ``waltz server start``)."""
+
+    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None, python: str = sys.executable) -> None:
+        self.spec = spec
+        self.python = python
+        self.log_dir = Path(log_dir or spec.directory / "logs")
+        self.storages: dict[int, subprocess.Popen[bytes]] = {}
+        self.servers: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _spawn(self, args: Sequence[str], log_name: str) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.log_dir / f"{log_name}.log", "ab") as log:  # the child keeps its own descriptor
+            return subprocess.Popen([self.python, "-m", "waltz_core.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    async def start(self) -> None:
+        self.spec.write_configs()
+        await self.spec.bootstrap()
+        for i in range(self.spec.num_storages):
+            await self.start_storage(i)
+        for i in range(self.spec.num_servers):
+            self.start_server(i)
+
+    async def start_storage(self, i: int) -> None:
+        self.storages[i] = self._spawn(["-v", "storage", "start", "--config", str(self.spec.storages[i].config_file)],
+                                       f"storage-{i}")
+        await self.spec.assign_on_storage(i)
+
+    def start_server(self, i: int) -> None:
+        self.servers[i] = self._spawn(["-v", "server", "start", "--config", str(self.spec.servers[i].config_file)],
+                                      f"server-{i}")
+
+    def kill_storage(self, i: int, sig: int = signal.SIGKILL) -> None:
+        _signal(self.storages.pop(i), sig)
+
+    def kill_server(self, i: int, sig: int = signal.SIGKILL) -> None:
+        _signal(self.servers.pop(i), sig)
+
+    def stop(self) -> None:
+        for procs in (self.servers, self.storages):
+            for p in procs.values():
+                _signal(p, signal.SIGTERM, wait=10.0)
+            procs.clear()
+
+    def logs(self) -> str:
+        out = []
+        for f in sorted(self.log_dir.glob("*.log")):
+            out.append(f"===== {f.name}\n{f.read_text(errors='replace')[-4000:]}")
+        return "\n".join(out)
+
+
+def _signal(p: subprocess.Popen[bytes], sig: int, wait: float = 10.0) -> None:
+    if p.poll() is None:
+        try:
+            os.kill(p.pid, sig)
+        except ProcessLookupError:
+            return
+    try:
+        p.wait(wait)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
