@@ -193,6 +193,8 @@ class AsyncWaltzClient:
         self._changed = asyncio.Event()
         self._retry_queue = asyncio.Queue()
         self._transport = open_transport(self.config.transport, self._registries)
+        if getattr(self._transport, "encrypted", True) is False:  # tcp without TLS; zmq warns itself
+            log.warning("waltz client: links to the servers are not encrypted (development mode)")
         try:
             self._client_id, self._num_partitions = await self._discovery.start(self._on_owners)
         except BaseException:

@@ -59,6 +59,8 @@ async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | 
     for rep in node.repairs:
         log.warning("repaired at start: partition %d %s: %s (%s)", rep.partition_id, rep.file, rep.action, rep.detail)
     transport = open_transport(config.transport)
+    if getattr(transport, "encrypted", True) is False:  # transports that know (tcp) say so; zmq warns itself
+        log.warning("storage node: server and admin links are not encrypted (development mode; see [transport.%s] tls_*)", config.transport.name)
     listeners: list[Any] = []
     http: HttpEndpoint | None = None
     stop = stop or asyncio.Event()

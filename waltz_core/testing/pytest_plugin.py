@@ -13,10 +13,13 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("waltz")
-    group.addoption("--waltz-transport", default=os.environ.get("WALTZ_TEST_TRANSPORT", "tcp"),
-                    help="transport backend for end-to-end tests (default: tcp or $WALTZ_TEST_TRANSPORT)")
-    group.addoption("--waltz-coordination", default=os.environ.get("WALTZ_TEST_COORDINATION", "local"),
-                    help="coordination backend for end-to-end tests (default: local or $WALTZ_TEST_COORDINATION)")
+    # Empty (the default) means every backend: the end-to-end suite then runs its whole matrix.
+    group.addoption("--waltz-transport", default=os.environ.get("WALTZ_TEST_TRANSPORT", ""),
+                    help="transport backend(s) for end-to-end tests, comma separated "
+                         "(default: all of the matrix, or $WALTZ_TEST_TRANSPORT)")
+    group.addoption("--waltz-coordination", default=os.environ.get("WALTZ_TEST_COORDINATION", ""),
+                    help="coordination backend(s) for end-to-end tests, comma separated "
+                         "(default: all of the matrix, or $WALTZ_TEST_COORDINATION)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

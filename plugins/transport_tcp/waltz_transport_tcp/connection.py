@@ -7,6 +7,8 @@ buffering without bound. Writes go straight to the asyncio transport; ``send`` w
 transport's buffer is above its high-water mark. A timer per connection writes heartbeats when the
 connection is idle and fails it with :class:`~waltz_core.errors.PeerTimeoutError` when nothing
 arrived for the idle timeout. Every method runs on the event loop that made the connection.
+With TLS the protocol sits above asyncio's SSL transport (``tls=True``): the same code, and a peer
+ending the link with a TLS alert is reported as such.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -27,6 +30,7 @@ from waltz_core.errors import (
 from waltz_core.protocol.framing import HEARTBEAT, LENGTH, FrameDecoder, encode_frames
 
 from .options import TcpOptions
+from .tls import describe_tls_error, looks_like_tls
 
 log = logging.getLogger("waltz.transport.tcp")
 
@@ -56,8 +60,13 @@ class TcpConnection(asyncio.BufferedProtocol):
         max_frame_size: int,
         on_made: Callable[[TcpConnection], None] | None = None,
         on_lost: Callable[[TcpConnection], None] | None = None,
+        tls: bool = False,
+        outbound: bool = False,
     ) -> None:
         self._opts = options
+        self._tls = tls
+        self._outbound = outbound
+        self._first_bytes = True
         self._max = max_frame_size
         self._on_made = on_made
         self._on_lost = on_lost
@@ -200,6 +209,14 @@ class TcpConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._rx_activity = True
+        if self._first_bytes:
+            self._first_bytes = False
+            if not self._tls and looks_like_tls(self._read_buffer[:nbytes]):
+                err = ProtocolError(f"peer {self._peer} speaks TLS but this tcp connection is plaintext "
+                                    f"(set tls_cert / tls_ca in [transport.tcp])")
+                log.warning("closing connection to %s: %s", self._peer, err)
+                self._fail(err)
+                return
         try:
             frames = self._decoder.feed(self._read_buffer[:nbytes])
         except ProtocolError as exc:
@@ -228,8 +245,23 @@ class TcpConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._error is None:
-            detail = f": {exc}" if exc is not None else ""
-            self._error = ConnectionClosedError(f"connection to {self._peer} was closed by the peer{detail}")
+            if isinstance(exc, ssl.SSLError):
+                # E.g. a mutual-TLS server refusing our certificate (TLS 1.3 tells the client after its handshake).
+                self._error = ConnectionClosedError(f"TLS connection to {self._peer} failed: "
+                                                    f"{describe_tls_error(exc)}")
+            elif self._outbound and self._first_bytes and (exc is None or isinstance(exc, ConnectionResetError)):
+                # Closed (or reset) before a single byte: the usual face of a TLS refusal (asyncio does not
+                # surface the alert), so the message says what to check instead of just "closed".
+                detail = f" ({exc})" if exc is not None else ""
+                hint = (f"TLS connection to {self._peer} was closed by the peer before any data{detail}: the server "
+                        "refused our TLS credentials (mutual TLS needs a client certificate signed by its tls_ca)"
+                        if self._tls else
+                        f"connection to {self._peer} was closed by the peer before any data{detail} "
+                        "(a server that requires TLS closes plaintext clients: check [transport.tcp] tls_*)")
+                self._error = ConnectionClosedError(hint)
+            else:
+                detail = f": {exc}" if exc is not None else ""
+                self._error = ConnectionClosedError(f"connection to {self._peer} was closed by the peer{detail}")
         self._closed = True
         self._stop_timer()
         self._wake_all()

@@ -17,7 +17,14 @@ class TcpOptions:
     ``heartbeat_interval``; a connection on which nothing (not even a heartbeat) arrived for
     ``idle_timeout`` fails with :class:`~waltz_core.errors.PeerTimeoutError`. Both sides should
     use the same values; detection takes between ``idle_timeout`` and ``idle_timeout`` plus one
-    heartbeat interval. TLS settings will join this class later (``tls_*``).
+    heartbeat interval.
+
+    TLS (see :mod:`waltz_transport_tcp.tls`) is on when ``tls`` is true or ``tls_cert`` / ``tls_ca``
+    is set. A listener then presents ``tls_cert``/``tls_key``; when ``tls_ca`` is set on a listener
+    (and ``tls_verify_clients`` is left true) every client must present a certificate signed by it
+    (mutual TLS). A connecting side verifies the server against ``tls_ca`` (or the system store)
+    and presents ``tls_cert``/``tls_key`` as its client certificate when they are set. One table
+    serves a process that both listens and connects (a server: clients in, storage nodes out).
     """
 
     nodelay: bool = attrs.field(default=True, metadata=_doc("Set TCP_NODELAY (no Nagle delay on small frames)."))
@@ -47,7 +54,33 @@ class TcpOptions:
         default=5.0, validator=attrs.validators.gt(0.0),
         metadata=_doc("Seconds close() waits for queued frames to be flushed before it aborts the connection."))
 
+    tls: bool = attrs.field(
+        default=False,
+        metadata=_doc("Use TLS even without tls_cert/tls_ca (a client trusting the system CA store)."))
+    tls_cert: str = attrs.field(
+        default="", metadata=_doc("PEM certificate (chain) of this process: the server certificate of its "
+                                  "listeners and its client certificate when it connects. Turns TLS on."))
+    tls_key: str = attrs.field(default="", metadata=_doc("PEM private key of tls_cert (default: read from tls_cert)."))
+    tls_ca: str = attrs.field(
+        default="", metadata=_doc("PEM CA bundle. Connecting: the CAs that may sign servers (default: system store). "
+                                  "Listening: client certificates signed by it are REQUIRED (mutual TLS). "
+                                  "Turns TLS on."))
+    tls_verify_clients: bool = attrs.field(
+        default=True, metadata=_doc("With tls_ca on a listener, require client certificates; false = server-only TLS."))
+    tls_verify: bool = attrs.field(
+        default=True, metadata=_doc("Verify the server's certificate and host name when connecting "
+                                    "(false only for development: a warning is logged)."))
+    tls_server_name: str = attrs.field(
+        default="", metadata=_doc("Host name expected in server certificates (default: the host of the address)."))
+
+    @property
+    def tls_enabled(self) -> bool:
+        """True when connections and listeners of this transport use TLS."""
+        return self.tls or bool(self.tls_cert) or bool(self.tls_ca)
+
     def __attrs_post_init__(self) -> None:
+        if self.tls_key and not self.tls_cert:
+            raise ValueError("tls_key is set but tls_cert is not")
         if self.write_buffer_low > self.write_buffer_high:
             raise ValueError(f"write_buffer_low ({self.write_buffer_low}) must not exceed "
                              f"write_buffer_high ({self.write_buffer_high})")

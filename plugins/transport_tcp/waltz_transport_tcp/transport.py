@@ -1,15 +1,21 @@
-"""The ``tcp`` transport: connect and listen on asyncio sockets carrying length-prefixed frames."""
+"""The ``tcp`` transport: connect and listen on asyncio sockets carrying length-prefixed frames.
+
+With TLS options (:class:`TcpOptions` ``tls_*``) the same frames travel inside TLS: asyncio's SSL
+transport below :class:`TcpConnection`, contexts from :mod:`.tls` built once per transport.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
-from waltz_core.errors import ConnectError, ProtocolError, TransportError
+from waltz_core.errors import ConfigError, ConnectError, ProtocolError, TransportError
 from waltz_core.transport.base import ConnectionHandler
 
 from .connection import TcpConnection, format_address
 from .options import TcpOptions
+from .tls import client_context, describe_tls_error, server_context
 
 log = logging.getLogger("waltz.transport.tcp")
 
@@ -27,8 +33,11 @@ def parse_address(address: str) -> tuple[str, int]:
 class TcpListener:
     """A bound TCP server; each accepted connection runs ``handler(conn)`` in its own task."""
 
-    def __init__(self, handler: ConnectionHandler, options: TcpOptions, max_frame_size: int) -> None:
+    def __init__(self, handler: ConnectionHandler, options: TcpOptions, max_frame_size: int,
+                 ssl_context: ssl.SSLContext | None = None, handshake_timeout: float = 5.0) -> None:
         self._handler = handler
+        self._ssl = ssl_context
+        self._handshake_timeout = handshake_timeout
         self._options = options
         self._max = max_frame_size
         self._server: asyncio.Server | None = None
@@ -42,7 +51,7 @@ class TcpListener:
         return self._address
 
     def _protocol(self) -> TcpConnection:
-        return TcpConnection(self._options, self._max, on_made=self._accepted)
+        return TcpConnection(self._options, self._max, on_made=self._accepted, tls=self._ssl is not None)
 
     def _accepted(self, conn: TcpConnection) -> None:
         if self._closed:  # accepted in the instant the listener closed
@@ -68,7 +77,9 @@ class TcpListener:
     async def _start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(self._protocol, host, port, reuse_address=True, start_serving=False)
+            self._server = await loop.create_server(
+                self._protocol, host, port, reuse_address=True, start_serving=False, ssl=self._ssl,
+                ssl_handshake_timeout=self._handshake_timeout if self._ssl is not None else None)
         except OSError as exc:
             raise ConnectError(f"cannot listen on {host}:{port}: {exc}") from exc
         self._address = format_address(self._server.sockets[0].getsockname())
@@ -101,24 +112,41 @@ class TcpTransport:
         self.max_frame_size = max_frame_size
         self.options = options or TcpOptions()
         self.connect_timeout = connect_timeout
+        # Built now so a bad certificate path fails at start-up (ConfigError), not at the first connect.
+        self._server_ssl = server_context(self.options)
+        self._client_ssl = client_context(self.options)
+
+    @property
+    def encrypted(self) -> bool:
+        """True when this transport's links use TLS (processes warn about plaintext when False)."""
+        return self.options.tls_enabled
 
     async def connect(self, address: str) -> TcpConnection:
         """Connect to ``host:port``; ConnectError when refused, unreachable or too slow."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
+        tls = self._client_ssl
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: TcpConnection(self.options, self.max_frame_size), host, port)
+                    lambda: TcpConnection(self.options, self.max_frame_size, tls=tls is not None, outbound=True), host, port,
+                    ssl=tls, server_hostname=(self.options.tls_server_name or host) if tls is not None else None)
         except TimeoutError as exc:
             raise ConnectError(f"cannot connect to {address}: no answer within {self.connect_timeout}s") from exc
+        except ssl.SSLError as exc:
+            raise ConnectError(f"cannot connect to {address}: TLS handshake failed: {describe_tls_error(exc)}") from exc
+        except ConnectionResetError as exc:
+            detail = " during the TLS handshake (does the server use TLS?)" if tls is not None else ""
+            raise ConnectError(f"cannot connect to {address}: connection reset{detail}: {exc}") from exc
         except OSError as exc:
             raise ConnectError(f"cannot connect to {address}: {exc}") from exc
         return conn
 
     async def listen(self, host: str, port: int, handler: ConnectionHandler) -> TcpListener:
         """Bind ``host:port`` (0 = a free port, reported by ``listener.address``) and serve."""
-        listener = TcpListener(handler, self.options, self.max_frame_size)
+        if self.options.tls_enabled and self._server_ssl is None:
+            raise ConfigError("tcp transport: TLS is on but tls_cert is not set, so it cannot listen with TLS")
+        listener = TcpListener(handler, self.options, self.max_frame_size, self._server_ssl, self.connect_timeout)
         await listener._start(host, port)
         return listener
 
