@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "waltz_core.client.plugin",
     "waltz_core.cli.commands",
     "waltz_core.app.plugin",
+    "waltz_core.testing.smoketest.plugin",
 )
 
 #: Registry kinds in display order: kind -> hook that fills it.

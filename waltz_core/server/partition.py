@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from typing import Any, Protocol
@@ -30,6 +31,13 @@ from .caches import DataCache, FeedCache
 from .link import ClientLink
 
 log = logging.getLogger("waltz.server.partition")
+
+#: Test-only negative control (docs/reliability.md): appends skip the optimistic-lock check.
+#: Read once, at import (process start).
+UNSAFE_NO_LOCK_CHECK = os.environ.get("WALTZ_UNSAFE_NO_LOCK_CHECK", "") == "1"
+if UNSAFE_NO_LOCK_CHECK:
+    log.warning("UNSAFE: WALTZ_UNSAFE_NO_LOCK_CHECK=1 - lock conflicts are NOT checked; transactions can commit "
+                "on stale reads. For negative-control tests only.")
 
 FEED_BATCH = 256  # headers per feed write; bounded so one busy feed cannot starve others
 
@@ -226,7 +234,7 @@ class Partition:
             else:
                 locks.reset(self.high_water_mark)  # nothing in flight: stale marks (as the original)
         if request is not NO_LOCKS:
-            conflict = locks.check(request, req.client_high_water_mark)
+            conflict = None if UNSAFE_NO_LOCK_CHECK else locks.check(request, req.client_high_water_mark)
             if conflict is not None:
                 locks.abort(request)
                 self.lock_failures += 1

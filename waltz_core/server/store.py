@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
@@ -33,6 +34,13 @@ from .replica import ReplicaApi
 from .vote import quorum_of
 
 log = logging.getLogger("waltz.server.store")
+
+#: Test-only negative control (docs/reliability.md): a transaction commits on its first replica
+#: acknowledgement instead of a quorum. Read once, at import (process start).
+UNSAFE_ACK_BEFORE_QUORUM = os.environ.get("WALTZ_UNSAFE_ACK_BEFORE_QUORUM", "") == "1"
+if UNSAFE_ACK_BEFORE_QUORUM:
+    log.warning("UNSAFE: WALTZ_UNSAFE_ACK_BEFORE_QUORUM=1 - transactions commit on ONE replica's acknowledgement; "
+                "a replica failure can lose them. For negative-control tests only.")
 
 
 class MetadataAccess(Protocol):
@@ -167,9 +175,10 @@ class StoreSession:
 
     def on_ack(self) -> None:
         acks = sorted((r.acked for r in self.replicas.values() if r.clean), reverse=True)
-        if len(acks) < self.quorum:
+        quorum = 1 if UNSAFE_ACK_BEFORE_QUORUM else self.quorum
+        if len(acks) < quorum:
             return
-        candidate = acks[self.quorum - 1]
+        candidate = acks[quorum - 1]
         if candidate > self.committed:
             self.committed = candidate
             self._trim()

@@ -75,6 +75,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("waltz.storage.layout")
 
+#: Test-only negative control (docs/reliability.md): appends skip their fdatasync, so an
+#: acknowledged record can be lost at a power loss. Read once, at import (process start).
+UNSAFE_NO_FSYNC = os.environ.get("WALTZ_UNSAFE_NO_FSYNC", "") == "1"
+if UNSAFE_NO_FSYNC:
+    log.warning("UNSAFE: WALTZ_UNSAFE_NO_FSYNC=1 - appends are NOT fdatasync'ed; acknowledged records can be "
+                "lost in a crash. For negative-control tests only.")
+
 REPAIR_LOG_NAME = "waltz-storage-repairs.log"  #: JSON lines, one per repair, shown by `waltz disk`
 
 _LITTLE = sys.byteorder == "little"
@@ -510,7 +517,8 @@ class SegmentedPartition:
             pos += RECORD_OVERHEAD + len(data)
         buf = b"".join(parts)
         _pwrite_all(tail.data_fd, buf, start)
-        os.fdatasync(tail.data_fd)  # the one sync that makes the batch durable
+        if not UNSAFE_NO_FSYNC:
+            os.fdatasync(tail.data_fd)  # the one sync that makes the batch durable
         tail.data_end = pos
         tail.offsets.extend(new_offsets)
         # Index entries stay in memory until the checkpoint writes and syncs them in one go: they

@@ -1,0 +1,111 @@
+"""Negative controls: each unsafe switch MUST be caught by the checker (else the suite is broken).
+
+* ``WALTZ_UNSAFE_NO_LOCK_CHECK=1`` (server): contended transfers commit on stale reads -> ``lock``
+  (and the bank loses or makes money);
+* ``WALTZ_UNSAFE_ACK_BEFORE_QUORUM=1`` (server): with two storages stalled, transactions commit on
+  one replica, which then crashes with the server -> ``lost`` acknowledged appends;
+* ``WALTZ_UNSAFE_NO_FSYNC=1`` (storage): every storage crashes with its unsynced bytes lost (the
+  fsync journal shim) -> ``lost``. The same crash without the switch is the positive control:
+  all replicas down and back with lost unsynced writes loses nothing.
+
+The switches are read once at process start, so they are set in the environment of the
+subprocesses only (``monkeypatch.setenv`` before the cluster starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waltz_core.testing.faults import ClusterProcesses, CrashMode, crash_lose_unsynced, sync_journal_env
+from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+def _report(result: Any) -> str:
+    return "\n".join(result.report())
+
+
+async def test_no_lock_check_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WALTZ_UNSAFE_NO_LOCK_CHECK", "1")
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=6.0, clients=3, partitions=1, servers=1, accounts=3,
+                                              nemesis=False))
+    print(_report(result))
+    assert "lock" in result.verdict.kinds(), _report(result)
+    assert "UNSAFE: WALTZ_UNSAFE_NO_LOCK_CHECK" in (tmp_path / "cluster" / "logs" / "server-0.log").read_text()
+
+
+async def test_lock_check_holds_under_the_same_contention(tmp_path: Path) -> None:
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=6.0, clients=3, partitions=1, servers=1, accounts=3,
+                                              nemesis=False))
+    print(_report(result))
+    assert result.verdict.ok, _report(result)
+    assert result.verdict.stats["failed"] > 0, "the contention must produce lock failures"
+
+
+async def _stall_two_storages_then_crash_the_third(procs: ClusterProcesses, proxies: Any, history: Any) -> None:
+    await asyncio.sleep(1.5)
+    for name in ("storage-0", "storage-1"):
+        history.nemesis("pause", name, "start")
+        await asyncio.to_thread(procs.pause, name)
+    await asyncio.sleep(2.5)  # unsafe: transactions commit on storage-2's acknowledgement alone
+    for name in ("server-0", "storage-2"):
+        history.nemesis("kill", name, "start")
+        await asyncio.to_thread(procs.kill, name)
+    for name in ("storage-0", "storage-1"):
+        await asyncio.to_thread(procs.resume, name)
+    await asyncio.to_thread(procs.restart, "server-0")  # recovers from storages 0 and 1
+    await asyncio.sleep(4.0)
+    await asyncio.to_thread(procs.restart, "storage-2")
+    await asyncio.sleep(2.0)
+
+
+async def test_ack_before_quorum_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WALTZ_UNSAFE_ACK_BEFORE_QUORUM", "1")
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=60.0, clients=2, partitions=1, servers=1),
+                                 cluster_hook=_stall_two_storages_then_crash_the_third)
+    print(_report(result))
+    assert "lost" in result.verdict.kinds(), _report(result)
+
+
+def _power_loss(journal: Path, crashed: list[Any]) -> Any:
+    async def hook(procs: ClusterProcesses, proxies: Any, history: Any) -> None:
+        await asyncio.sleep(3.0)
+        history.nemesis("power-loss", "all", "start")
+        for name in ("server-0", "storage-0", "storage-1", "storage-2"):
+            await asyncio.to_thread(procs.kill, name)
+        rng = random.Random(5)
+        for i in range(3):
+            directory = procs.cluster.spec.storage_config(i).storage.directory
+            crashed.extend(crash_lose_unsynced(directory, journal, CrashMode.GARBLE if i == 0 else CrashMode.DROP, rng))
+        for name in ("storage-0", "storage-1", "storage-2", "server-0"):
+            await asyncio.to_thread(procs.restart, name)
+        history.nemesis("power-loss", "all", "end")
+        await asyncio.sleep(3.0)
+
+    return hook
+
+
+@pytest.mark.parametrize("unsafe", [True, False], ids=["no-fsync-caught", "fsync-survives"])
+async def test_power_loss_of_every_replica(unsafe: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = tmp_path / "sync-journal.jsonl"
+    for k, v in sync_journal_env(journal).items():
+        monkeypatch.setenv(k, v)
+    if unsafe:
+        monkeypatch.setenv("WALTZ_UNSAFE_NO_FSYNC", "1")
+    crashed: list[Any] = []
+    result = await run_smoketest(SmokeOptions(tmp_path / "run", duration=60.0, clients=2, partitions=2, servers=1),
+                                 cluster_hook=_power_loss(journal, crashed))
+    print(_report(result), crashed, sep="\n")
+    assert journal.exists(), "the fsync journal shim must be active in the storage processes"
+    if unsafe:
+        assert crashed, "the power loss must lose unsynced bytes"
+        assert "lost" in result.verdict.kinds(), _report(result)
+    else:
+        assert result.verdict.ok, _report(result)
+        assert result.verdict.stats["ok"] > 50

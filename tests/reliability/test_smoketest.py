@@ -1,0 +1,40 @@
+"""The chaos smoke test in CI: a short run on local coordination and one on ZooKeeper.
+
+Each run injects real faults (kill -9 and restart, SIGSTOP/SIGCONT, proxy cuts, black holes and
+delays between servers and storages; ZooKeeper kill -9 and restart) under bank-transfer load,
+then checks the whole history, the log read by a fresh client and every replica's files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from waltz_core.testing import require
+from waltz_core.testing.servers import zookeeper_available
+from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+async def test_short_smoketest_local_coordination(tmp_path: Path) -> None:
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=45.0, seed=11))
+    print("\n".join(result.report()))
+    assert result.verdict.ok, "\n".join(result.report())
+    faults = sum(result.faults.values())
+    assert faults >= 40, f"only {faults} faults injected"
+    assert {"storage-kill", "server-kill"} & set(result.faults), result.faults
+    assert result.verdict.stats["ok"] > 500, result.verdict.stats  # the load really ran through the faults
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+async def test_short_smoketest_zookeeper_with_coordination_restarts(tmp_path: Path) -> None:
+    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=25.0, coordination="zookeeper", seed=12))
+    print("\n".join(result.report()))
+    assert result.verdict.ok, "\n".join(result.report())
+    assert sum(result.faults.values()) >= 15, result.faults
+    assert result.verdict.stats["ok"] > 200, result.verdict.stats

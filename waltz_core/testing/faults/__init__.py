@@ -1,0 +1,15 @@
+"""Fault tooling for reliability tests: a TCP fault proxy, process control, disk faults.
+
+* :mod:`.proxy` - :class:`FaultProxy` / :class:`ThreadedFaultProxy` (cut, reset, delay, one-way drop);
+* :mod:`.process` - :class:`ClusterProcesses` (SIGKILL, SIGSTOP/SIGCONT, restart) over a
+  :class:`~waltz_core.local_cluster.ProcessCluster` and its ZooKeeper/etcd launcher;
+* :mod:`.disk` - the fsync journal and :func:`crash_lose_unsynced` (lost/torn/garbled unsynced
+  bytes at a simulated power loss) and :func:`flip_bits`.
+"""
+
+from .disk import CrashMode, crash_lose_unsynced, flip_bits, storage_files, sync_journal_env, synced_sizes
+from .process import ClusterProcesses
+from .proxy import FaultProxy, ThreadedFaultProxy
+
+__all__ = ["ClusterProcesses", "CrashMode", "FaultProxy", "ThreadedFaultProxy", "crash_lose_unsynced", "flip_bits",
+           "storage_files", "sync_journal_env", "synced_sizes"]

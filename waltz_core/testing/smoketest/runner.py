@@ -1,0 +1,395 @@
+"""``waltz smoketest``: the original's chaos smoke test (waltz-original.md section 3.3), done better.
+
+A real cluster of processes (3 storage nodes, 2-3 servers, coordination: ``local``, ``zookeeper``
+or ``etcd``) with a :class:`~waltz_core.testing.faults.ThreadedFaultProxy` in front of every
+storage node (servers reach storages only through it), 2+ clients x N partitions running bank
+transfers (:mod:`.workload`) with a recorded history, and a nemesis:
+
+* storage lane (one storage at a time, never more than a minority down): kill -9 and restart,
+  SIGSTOP/SIGCONT, proxy cut (reset + refuse), proxy black hole one way, proxy delay;
+* server lane (one server at a time): kill -9 and restart, SIGSTOP/SIGCONT;
+* coordination lane (ZooKeeper/etcd started by the smoke test only): kill -9 and restart.
+
+At the end everything heals, a fresh client reads every partition from id 0, every replica
+catches up to the committed high-water mark, the processes stop, each replica's files are read
+offline, and :func:`waltz_core.testing.checker.check` gives the verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ...config import CoordinationConfig
+from ...coordination import open_coordination
+from ...coordination.recipes import StoreMetadata
+from ...local_cluster import ClusterSpec, ProcessCluster
+from ...plugins import default_registries
+from ...storage.client import StorageAdminClient
+from ...transport import open_transport
+from ..checker import BankModel, LogEntry, Verdict, check
+from ..faults import ClusterProcesses, ThreadedFaultProxy
+from ..history import OK, History, HistoryWriter, req_key
+from .workload import PartitionWorker
+
+log = logging.getLogger("waltz.smoketest")
+
+
+@attrs.define
+class SmokeOptions:
+    """Sizes, duration and faults of one smoke test run."""
+
+    directory: Path
+    duration: float = 60.0
+    clients: int = 2
+    partitions: int = 3
+    storages: int = 3
+    servers: int = 2
+    accounts: int = 1000  #: locks (accounts) per partition, from a pool of at most 1024
+    initial_balance: int = 1000
+    coordination: str = "local"  #: local | zookeeper | etcd
+    connect: str | None = None  #: an external ZooKeeper/etcd (no coordination faults then)
+    seed: int = 1
+    nemesis: bool = True
+    fault_hold: tuple[float, float] = (0.4, 1.5)  #: seconds a fault lasts
+    fault_gap: tuple[float, float] = (0.1, 0.6)  #: seconds between faults of one lane
+    coordination_faults: bool = True
+    op_timeout: float = 4.0
+    session_timeout: float = 3.0
+    verify_timeout: float = 90.0
+
+
+@attrs.define
+class SmokeResult:
+    verdict: Verdict
+    history_path: Path
+    faults: dict[str, int]
+    transactions: int
+    elapsed: float
+    recovery: dict[str, list[float]]
+
+    def report(self) -> list[str]:
+        lines = [f"elapsed: {self.elapsed:.1f} s", f"faults injected: {sum(self.faults.values())} {dict(self.faults)}",
+                 f"transactions committed: {self.transactions}", f"history: {self.history_path}"]
+        for kind, values in sorted(self.recovery.items()):
+            if values:
+                lines.append(f"recovery after {kind}: n={len(values)} p50={statistics.median(values):.2f} s "
+                             f"max={max(values):.2f} s")
+        return lines + self.verdict.report()
+
+
+def coordination_launcher(kind: str, directory: Path) -> Any:
+    """Start a ZooKeeper/etcd server of our own (its process is fault-injectable)."""
+    from ..servers import EtcdServer, ZooKeeperServer
+
+    if kind == "zookeeper":
+        return ZooKeeperServer(1, workdir=directory / "zookeeper").start()
+    return EtcdServer(1, workdir=directory / "etcd").start()
+
+
+class Nemesis:
+    """Fault lanes run as asyncio tasks; blocking process work goes to worker threads."""
+
+    def __init__(self, procs: ClusterProcesses, proxies: list[ThreadedFaultProxy], history: HistoryWriter,
+                 opts: SmokeOptions) -> None:
+        self.procs, self.proxies, self.history, self.opts = procs, proxies, history, opts
+        self.rng = random.Random(opts.seed * 7919)
+        self.counts: dict[str, int] = {}
+        self.kills: list[tuple[str, float]] = []  #: (kind, start time) of kill faults
+
+    def _start(self, fault: str, target: str) -> float:
+        now = time.monotonic()
+        self.counts[fault] = self.counts.get(fault, 0) + 1
+        self.history.nemesis(fault, target, "start", now)
+        return now
+
+    async def _hold(self) -> None:
+        await asyncio.sleep(self.rng.uniform(*self.opts.fault_hold))
+
+    async def _gap(self) -> None:
+        await asyncio.sleep(self.rng.uniform(*self.opts.fault_gap))
+
+    async def storage_lane(self, stop: asyncio.Event) -> None:
+        faults = ["kill", "pause", "cut", "blackhole-up", "delay"]
+        while not stop.is_set():
+            i = self.rng.randrange(self.opts.storages)
+            name, proxy = f"storage-{i}", self.proxies[i]
+            fault = self.rng.choice(faults)
+            t = self._start(f"storage-{fault}", name)
+            if fault == "kill":
+                await asyncio.to_thread(self.procs.kill, name)
+                self.kills.append(("storage kill", t))
+                await self._hold()
+                await asyncio.to_thread(self.procs.restart, name)
+            elif fault == "pause":
+                await asyncio.to_thread(self.procs.pause, name)
+                await self._hold()
+                await asyncio.to_thread(self.procs.resume, name)
+            else:
+                if fault == "cut":
+                    proxy.cut()
+                elif fault == "blackhole-up":
+                    proxy.drop("up")
+                else:
+                    proxy.delay(self.rng.uniform(0.02, 0.2))
+                await self._hold()
+                proxy.heal()
+                if fault == "blackhole-up":
+                    proxy.reset()  # connections that lost bytes cannot resynchronise
+            self.history.nemesis(f"storage-{fault}", name, "end")
+            await self._gap()
+
+    async def server_lane(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            i = self.rng.randrange(self.opts.servers)
+            name = f"server-{i}"
+            fault = self.rng.choice(["kill", "pause"])
+            t = self._start(f"server-{fault}", name)
+            if fault == "kill":
+                await asyncio.to_thread(self.procs.kill, name)
+                self.kills.append(("server kill", t))
+                await self._hold()
+                await asyncio.to_thread(self.procs.restart, name)
+            else:
+                await asyncio.to_thread(self.procs.pause, name)
+                await self._hold()
+                await asyncio.to_thread(self.procs.resume, name)
+            self.history.nemesis(f"server-{fault}", name, "end")
+            # Let the cluster settle: a failover takes about one coordination session timeout.
+            await asyncio.sleep(self.rng.uniform(1.0, 2.0))
+
+    async def coordination_lane(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(self.rng.uniform(4.0, 8.0))
+            if stop.is_set():
+                break
+            self._start("coordination-kill", "coordination-0")
+            await asyncio.to_thread(self.procs.kill, "coordination-0")
+            await asyncio.sleep(self.rng.uniform(0.5, 1.5))
+            await asyncio.to_thread(self.procs.restart, "coordination-0")
+            self.history.nemesis("coordination-kill", "coordination-0", "end")
+
+    async def heal(self) -> None:
+        for proxy in self.proxies:
+            proxy.heal()
+        await asyncio.to_thread(self.procs.heal)
+
+
+def recovery_times(history: History, kills: list[tuple[str, float]]) -> dict[str, list[float]]:
+    """Per kill: seconds from the kill until every partition committed again (the slowest
+    partition's first acknowledged append invoked after the kill)."""
+    acks: dict[int, list[tuple[float, float]]] = {}
+    for op in history.operations:
+        if op.outcome == OK and op.complete_time is not None:
+            acks.setdefault(op.partition, []).append((op.invoke_time, op.complete_time))
+    for v in acks.values():
+        v.sort()
+    out: dict[str, list[float]] = {}
+    for kind, t in kills:
+        worst = 0.0
+        for ops in acks.values():
+            after = next((c for i, c in ops if i >= t), None)
+            if after is None:
+                worst = -1.0
+                break
+            worst = max(worst, after - t)
+        if worst >= 0:
+            out.setdefault(kind, []).append(worst)
+    return out
+
+
+def read_replica(spec: ClusterSpec, i: int, key: uuid.UUID, num_partitions: int) -> dict[int, list[LogEntry]]:
+    """Every record of storage ``i``, read offline through its layout (the process is stopped)."""
+    cfg = spec.storage_config(i).storage
+    layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
+    layout.open(key, num_partitions)
+    out: dict[int, list[LogEntry]] = {}
+    try:
+        for p in range(num_partitions):
+            store = layout.open_partition(p)
+            entries: list[LogEntry] = []
+            txn = 0
+            while True:
+                batch = store.read_records(txn, 1000)
+                if not batch:
+                    break
+                entries.extend(LogEntry(r.transaction_id, req_key(r.req_id), r.header, bytes(r.data)) for r in batch)
+                txn = batch[-1].transaction_id + 1
+            store.close()
+            out[p] = entries
+    finally:
+        layout.close()
+    return out
+
+
+async def cluster_key(spec: ClusterSpec) -> tuple[uuid.UUID, int]:
+    assert spec.coordination is not None
+    backend = open_coordination(spec.coordination)
+    await backend.start()
+    try:
+        params = await StoreMetadata(backend, spec.coordination.root).get_store_params()
+        return params.cluster_key, params.num_partitions
+    finally:
+        await backend.close()
+
+
+async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: dict[int, int], timeout: float) -> None:
+    """Poll every storage's admin port until it holds each partition's committed high-water mark."""
+    transport = open_transport(spec.transport_config)
+    try:
+        deadline = time.monotonic() + timeout
+        for i in range(spec.num_storages):
+            admin = None
+            while admin is None:
+                try:
+                    admin = await StorageAdminClient.connect(transport, spec.admin_address(i), key, n)
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            try:
+                for p, hwm in hwms.items():
+                    while hwm >= 0 and not await admin.record_list(p, hwm, 1):
+                        if time.monotonic() > deadline:
+                            log.warning("storage-%d did not catch up partition %d to %d", i, p, hwm)
+                            break
+                        await asyncio.sleep(0.2)
+            finally:
+                await admin.close()
+    finally:
+        await transport.aclose()
+
+
+ProgressHook = Callable[[float, dict[str, Any]], None]
+
+
+async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None,
+                        cluster_hook: Callable[[ClusterProcesses, list[ThreadedFaultProxy], HistoryWriter], Any]
+                        | None = None) -> SmokeResult:
+    """Run one smoke test (blocking processes are started and stopped here; nothing is left running).
+
+    ``cluster_hook`` (tests) replaces the nemesis: an async callable given the process control,
+    the proxies and the history, run while the clients work.
+    """
+    began = time.monotonic()
+    directory = Path(opts.directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    launcher = None
+    proxies: list[ThreadedFaultProxy] = []
+    cluster: ProcessCluster | None = None
+    history = HistoryWriter(directory / "history.jsonl")
+    try:
+        if opts.coordination == "local":
+            coordination = CoordinationConfig(name="local", connect=str(directory / "coord"), root="/waltz",
+                                              session_timeout=opts.session_timeout)
+        else:
+            connect = opts.connect
+            if connect is None:
+                launcher = await asyncio.to_thread(coordination_launcher, opts.coordination, directory)
+                connect = launcher.connect_string if opts.coordination == "zookeeper" else launcher.endpoints
+            coordination = CoordinationConfig(name=opts.coordination, connect=connect,
+                                              root=f"/waltz-smoke-{uuid.uuid4().hex[:8]}",
+                                              session_timeout=max(opts.session_timeout, 4.0))
+        spec = ClusterSpec(directory / "cluster", num_partitions=opts.partitions, num_storages=opts.storages,
+                           num_servers=opts.servers, coordination=coordination)
+        spec.write_configs()
+        # Servers reach every storage node through a fault proxy: its address is the one registered.
+        for node in spec.storages:
+            proxy = ThreadedFaultProxy(node.address).start()
+            proxies.append(proxy)
+            node.address = proxy.address
+        cluster = ProcessCluster(spec)
+        await cluster.start()
+        procs = ClusterProcesses(cluster, launcher)
+        outcome = await _drive(opts, spec, procs, proxies, history, progress, cluster_hook)
+        hwms = {p: len(entries) - 1 for p, entries in outcome["logs"].items()}
+        key, n = await cluster_key(spec)
+        await wait_replicas_hold(spec, key, n, hwms, timeout=60.0)
+        cluster.stop()
+        replicas: dict[int, dict[str, list[LogEntry]]] = {p: {} for p in range(opts.partitions)}
+        for i in range(opts.storages):
+            for p, entries in read_replica(spec, i, key, n).items():
+                replicas[p][f"storage-{i}"] = entries
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        for proxy in proxies:
+            proxy.close()
+        if launcher is not None:
+            await asyncio.to_thread(launcher.stop)
+        history.close()
+    parsed = History.load(history.path)
+    verdict = check(parsed, outcome["logs"], replicas, BankModel(opts.accounts, opts.initial_balance))
+    transactions = sum(len(v) for v in outcome["logs"].values())
+    return SmokeResult(verdict, history.path, outcome["faults"], transactions, time.monotonic() - began,
+                       recovery_times(parsed, outcome["kills"]))
+
+
+async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses, proxies: list[ThreadedFaultProxy],
+                 history: HistoryWriter, progress: ProgressHook | None, cluster_hook: Any) -> dict[str, Any]:
+    assert spec.coordination is not None
+    transport = open_transport(spec.transport_config)
+    backend = open_coordination(spec.coordination)
+    await backend.start()
+    rng = random.Random(opts.seed)
+    ops = itertools.count(1)
+    counts = {"ok": 0, "fail": 0, "unknown": 0}
+    nemesis = Nemesis(procs, proxies, history, opts)
+    try:
+        workers = [PartitionWorker(c + 1, p, transport, backend, spec.coordination.root, history,
+                                   accounts=opts.accounts, initial=opts.initial_balance,
+                                   rng=random.Random(rng.random()), op_timeout=opts.op_timeout, ops=ops)
+                   for c in range(opts.clients) for p in range(opts.partitions)]
+        # Every partition mounted before the clock starts (server start and recovery are not faults).
+        ready = await asyncio.gather(*(w.connect(time.monotonic() + 60) for w in workers))
+        if not all(ready):
+            raise TimeoutError("partitions did not become ready within 60 s:\n" + procs.cluster.logs())
+
+        def count(outcome: str) -> None:
+            counts[outcome] += 1
+
+        stop = asyncio.Event()
+        tasks = [asyncio.ensure_future(w.run(stop, count)) for w in workers]
+        lanes: list[asyncio.Future[Any]] = []
+        if cluster_hook is not None:
+            lanes.append(asyncio.ensure_future(cluster_hook(procs, proxies, history)))
+        elif opts.nemesis:
+            lanes += [asyncio.ensure_future(nemesis.storage_lane(stop)),
+                      asyncio.ensure_future(nemesis.server_lane(stop))]
+            if procs.coordination is not None and opts.coordination_faults:
+                lanes.append(asyncio.ensure_future(nemesis.coordination_lane(stop)))
+        start = time.monotonic()
+        while time.monotonic() - start < opts.duration and not (cluster_hook and lanes[0].done()):
+            await asyncio.sleep(0.25)
+            if progress is not None:
+                progress(time.monotonic() - start, {**counts, "faults": sum(nemesis.counts.values()),
+                                                    "down": sorted(procs.killed | procs.paused)})
+        stop.set()
+        for lane in lanes:
+            with contextlib.suppress(asyncio.CancelledError):
+                await lane
+        await nemesis.heal()
+        await asyncio.gather(*tasks)
+        for w in workers:
+            history.feed(w.client_id, w.partition, 0, [k for k, _ in w.feed])
+        # Verify through a fresh client: the whole log of every partition from id 0.
+        logs = {}
+        for p in range(opts.partitions):
+            reader = PartitionWorker(999, p, transport, backend, spec.coordination.root, None, accounts=opts.accounts,
+                                     initial=opts.initial_balance, rng=random.Random(0))
+            logs[p] = await reader.read_all(opts.verify_timeout)
+        return {"logs": logs, "faults": dict(nemesis.counts), "kills": nemesis.kills}
+    finally:
+        await backend.close()
+        await transport.aclose()
