@@ -8,7 +8,7 @@ export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_D
 export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 paths=(tests plugins/*/tests)
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider -n 2 --timeout 300 -q "${paths[@]}" "$@"
+.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadgroup --timeout 300 -q "${paths[@]}" "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "test.sh: no tests were collected: that is a failure"; exit 1; fi

@@ -23,6 +23,7 @@ the producers' ``on_completion(True)`` callbacks.
 
 from __future__ import annotations
 
+import datetime
 import random
 import sqlite3
 import threading
@@ -43,6 +44,20 @@ JSON = JsonSerializer()
 #: Header of every bank transaction ("BANK"): other applications' transactions in the same
 #: partitions are skipped (their high-water mark still advances).
 BANK_HEADER = 0x42414E4B
+
+
+def bank_record(op: str, account: int, amount: int, ts: str | None = None) -> dict[str, Any]:
+    """The data of one bank transaction (JSON): ``{"op", "account", "amount", "ts"}``.
+
+    ``op`` is ``deposit`` or ``withdraw``; ``amount`` is positive either way; ``ts`` is the UTC
+    time the operation was built (ISO 8601), used by derived data such as daily totals
+    (``waltz spark summarize``).
+    """
+    if op not in ("deposit", "withdraw"):
+        raise ValueError(f"op must be 'deposit' or 'withdraw', got {op!r}")
+    if ts is None:
+        ts = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return {"op": op, "account": account, "amount": amount, "ts": ts}
 
 
 class WithdrawalLock(PartitionLocalLock):
@@ -194,7 +209,7 @@ class BankOperation(TransactionContext):
 
     def _build(self, builder: TransactionBuilder) -> None:
         builder.set_header(BANK_HEADER)
-        builder.set_transaction_data({"op": self.op, "account": self.account_id, "amount": self.amount}, JSON)
+        builder.set_transaction_data(bank_record(self.op, self.account_id, self.amount), JSON)
 
     def on_completion(self, result: bool) -> None:
         if result:
