@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "waltz_core.cli.commands",
     "waltz_core.app.plugin",
     "waltz_core.testing.smoketest.plugin",
+    "waltz_core.perf.plugin",
 )
 
 #: Registry kinds in display order: kind -> hook that fills it.

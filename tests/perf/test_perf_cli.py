@@ -1,0 +1,58 @@
+"""``waltz perf`` end to end on a throw-away ``--local`` cluster (real processes, fdatasync).
+
+Smoke tests: the commands run and print well-formed figures. No speed is asserted; the
+figures are only checked to be consistent with each other.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from waltz_core.cli.main import build_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def _run(args: list[str]) -> str:
+    result = CliRunner().invoke(build_cli(), args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_produce_closed_loop_with_locks_json() -> None:
+    out = json.loads(_run(["perf", "produce", "--local", "--json", "--duration", "1.5", "--warmup", "0.5",
+                           "--in-flight", "16", "--lock-pool", "8", "--seed", "1"]).strip().splitlines()[-1])
+    assert out["committed"] > 0 and out["failed"] == 0
+    assert out["transactions_per_s"] == pytest.approx(out["committed"] / out["elapsed_s"], rel=0.01)
+    assert out["mb_per_s"] == pytest.approx(out["transactions_per_s"] * 256 / 1e6, rel=0.01)
+    # 16 writers on 8 locks conflict: lock failures happen and each one is a re-execution
+    assert out["lock_failures"] > 0 and out["retries_per_txn"] > 0
+    lat = out["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+    # every committed record reached the storages (3 replicas, some in flight at the window's edges)
+    assert out["storage_records"] >= out["committed"]
+    assert out["records_per_fdatasync"] >= 1.0
+
+
+def test_produce_open_loop_text_report() -> None:
+    text = _run(["perf", "produce", "--local", "--duration", "1.5", "--warmup", "0.5", "--rate", "200",
+                 "--clients", "2", "--partitions", "2", "--seed", "3"])
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    assert "open loop 200/s (Poisson)" in lines["producers:"]
+    rate = float(lines["transactions/s"].split()[1].replace(",", ""))
+    assert 100 < rate < 300  # Poisson with mean 200/s over 1.5 s: the offered rate, not saturation
+    assert "p99.9" in lines["latency"]
+    assert "records" in lines["records/fdatasync"] and "syncs over all storages" in lines["records/fdatasync"]
+
+
+def test_consume_feed_and_data_json() -> None:
+    out = json.loads(_run(["perf", "consume", "--local", "--json", "--populate", "800"]).strip().splitlines()[-1])
+    feed, data = out["consume"]
+    assert feed["mode"] == "feed" and data["mode"] == "feed+data"
+    # the populate run may commit a few more than asked (in flight when the count was reached)
+    assert feed["transactions"] >= 800 and data["transactions"] == feed["transactions"]
+    assert feed["per_s"] > 0 and data["per_s"] > 0
+    assert data["mb_per_s"] == pytest.approx(data["per_s"] * 256 / 1e6, rel=0.01)

@@ -1,0 +1,1 @@
+"""``waltz perf``: load drivers, a log-bucketed latency histogram and server profiling."""

@@ -1,0 +1,221 @@
+"""Built-in plugin of the perf package: ``waltz perf produce`` and ``waltz perf consume``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..hookspecs import hookimpl
+
+_target_options = [
+    click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+                 help="client.toml of the cluster to measure."),
+    click.option("--local", is_flag=True,
+                 help="Start a throw-away cluster (3 storages, 1 server, TCP, fdatasync) in a temp dir, then stop it."),
+    click.option("--metrics-url", "metrics_urls", multiple=True,
+                 help="A storage node's http://host:port/metrics (repeat per node) for records/fdatasync; "
+                      "found automatically with --local."),
+    click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the text report."),
+]
+
+
+def _with_target(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_target_options):
+        fn = option(fn)
+    return fn
+
+
+@contextlib.asynccontextmanager
+async def _target(config_path: str | None, local: bool, partitions: int, metrics_urls: tuple[str, ...]
+                  ) -> AsyncIterator[tuple[Any, list[str], list[int]]]:
+    """(client config, metrics URLs, server pids) of the cluster to measure."""
+    if local == bool(config_path):
+        raise click.UsageError("give exactly one of --config client.toml or --local")
+    if config_path:
+        from ..config import ClientProcessConfig, load
+
+        yield load(ClientProcessConfig, Path(config_path)), list(metrics_urls), []
+        return
+    from .cluster import local_cluster
+
+    async with local_cluster(partitions) as cluster:
+        yield cluster.client_config, cluster.metrics_urls, cluster.server_pids
+
+
+def _quiet() -> None:
+    import logging
+
+    logging.getLogger("waltz.client").addFilter(lambda record: "not encrypted" not in record.getMessage())
+
+
+@contextlib.contextmanager
+def _progress(total: float | None, what: str, enabled: bool) -> Any:
+    """A rich progress bar on stderr; yields ``update(done, elapsed)``."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    with progress:
+        task = progress.add_task(what, total=total or None, status="")
+
+        def update(done: int, elapsed: float) -> None:
+            rate = done / elapsed if elapsed > 0 else 0.0
+            progress.update(task, completed=elapsed if total else done, status=f"{done:,} done, {rate:,.0f}/s")
+
+        yield update
+
+
+def _plot(result: Any, path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    buckets = list(result.latency.buckets())
+    total = sum(n for _, n in buckets)
+    xs, ys, seen = [], [], 0
+    for edge, n in buckets:
+        seen += n
+        xs.append(edge * 1e3)
+        ys.append(1.0 / max(1e-9, 1.0 - seen / total) if seen < total else None)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([x for x, y in zip(xs, ys, strict=True) if y], [y for y in ys if y])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_yticks([2, 10, 100, 1000], ["p50", "p90", "p99", "p99.9"])
+    ax.set_xlabel("latency (ms), submit to on_completion")
+    ax.set_title(f"waltz perf produce: {result.txn_per_s:,.0f} txn/s")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return f"latency plot written to {path}"
+
+
+@click.group("perf")
+def perf_group() -> None:
+    """Measure a cluster: producers and consumers through the client library."""
+
+
+@perf_group.command("produce")
+@_with_target
+@click.option("--txn-size", type=click.IntRange(0), default=256, show_default=True, help="Bytes of data per transaction.")
+@click.option("--clients", type=click.IntRange(1), default=1, show_default=True, help="Client instances (one loop).")
+@click.option("--in-flight", type=click.IntRange(1), default=64, show_default=True,
+              help="client.max_concurrent_transactions; closed loop: workers per client and partition.")
+@click.option("--rate", type=click.FloatRange(0, min_open=True),
+              help="Open loop: total transactions/s, Poisson arrivals. Default: closed loop.")
+@click.option("--partitions", type=click.IntRange(1), default=1, show_default=True,
+              help="Active partitions (and the partitions of a --local cluster).")
+@click.option("--lock-pool", type=click.IntRange(0), default=0, show_default=True,
+              help="Each transaction write-locks a random lock of this pool (0: no locks).")
+@click.option("--duration", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+              help="Seconds measured (after the warm-up).")
+@click.option("--count", type=click.IntRange(1), help="Stop after this many measured transactions.")
+@click.option("--warmup", type=click.FloatRange(0), default=2.0, show_default=True, help="Seconds not measured.")
+@click.option("--seed", type=int, help="Seed of arrivals and lock choices.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the latency distribution as PNG (needs matplotlib).")
+@click.option("--profile-server", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --local: py-spy record the server during the measured window (collapsed stacks).")
+def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[str, ...], as_json: bool, txn_size: int,
+                    clients: int, in_flight: int, rate: float | None, partitions: int, lock_pool: int, duration: float,
+                    count: int | None, warmup: float, seed: int | None, plot_path: Path | None,
+                    profile_path: Path | None) -> None:
+    """Producer benchmark: transactions/s, MB/s, retries, latency percentiles, records/fdatasync."""
+    from .driver import ProduceOptions, produce
+    from .profile import py_spy_record, top_functions
+
+    _quiet()
+    options = ProduceOptions(txn_size=txn_size, clients=clients, in_flight=in_flight, rate=rate, partitions=partitions,
+                             lock_pool=lock_pool, duration=duration, count=count, warmup=warmup, seed=seed)
+
+    async def main() -> tuple[Any, list[str]]:
+        notes: list[str] = []
+        async with _target(config_path, local, partitions, metrics_urls) as (config, urls, server_pids):
+            with _progress(warmup + duration, "produce", sys.stderr.isatty()) as update:
+                profiler = None
+                if profile_path is not None:
+                    if not server_pids:
+                        raise click.UsageError("--profile-server needs --local")
+                    profiler = py_spy_record(server_pids[0], profile_path, warmup, duration)
+                try:
+                    result = await produce(config, options, metrics_urls=urls, progress=update)
+                finally:
+                    if profiler is not None:
+                        notes.extend(await asyncio.to_thread(profiler.finish))
+            if profile_path is not None and profile_path.exists():
+                notes.append("server profile, top functions by own samples:")
+                notes.extend(f"  {line}" for line in top_functions(profile_path))
+        return result, notes
+
+    result, notes = asyncio.run(main())
+    if plot_path is not None:
+        notes.append(_plot(result, plot_path))
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    else:
+        for line in result.report():
+            click.echo(line)
+    for line in notes:
+        click.echo(line, err=as_json)
+
+
+@perf_group.command("consume")
+@_with_target
+@click.option("--partition", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--mode", type=click.Choice(["feed", "data", "both"]), default="both", show_default=True,
+              help="feed: headers only; data: feed + each transaction's data; both: one then the other.")
+@click.option("--populate", type=click.IntRange(0), default=0,
+              help="First append this many transactions (closed loop, 64 in flight). Default with --local: 20000.")
+@click.option("--txn-size", type=click.IntRange(0), default=256, show_default=True, help="Bytes per populated transaction.")
+@click.option("--limit", type=click.IntRange(1), help="Read at most this many transactions.")
+@click.option("--fetch-concurrency", type=click.IntRange(1), default=64, show_default=True,
+              help="Data fetches outstanding at once in data mode.")
+def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[str, ...], as_json: bool, partition: int,
+                    mode: str, populate: int, txn_size: int, limit: int | None, fetch_concurrency: int) -> None:
+    """Consumer benchmark from the start of a populated partition: headers/s and transactions/s with data."""
+    from .driver import ProduceOptions, consume, produce
+
+    _quiet()
+    if local and not populate:
+        populate = 20000
+
+    async def main() -> list[Any]:
+        results = []
+        async with _target(config_path, local, partition + 1, metrics_urls) as (config, _urls, _pids):
+            if populate:
+                with _progress(None, f"populate {populate}", sys.stderr.isatty()) as update:
+                    await produce(config, ProduceOptions(txn_size=txn_size, in_flight=64, partitions=partition + 1,
+                                                         duration=None, count=populate, warmup=0.0),
+                                  progress=update)
+            for with_data in {"feed": [False], "data": [True], "both": [False, True]}[mode]:
+                with _progress(None, "consume " + ("feed+data" if with_data else "feed"), sys.stderr.isatty()) as update:
+                    results.append(await consume(config, partition, with_data=with_data, limit=limit,
+                                                 concurrency=fetch_concurrency, progress=update))
+        return results
+
+    results = asyncio.run(main())
+    if as_json:
+        click.echo(json.dumps({"consume": [r.to_json() for r in results]}))
+    else:
+        for r in results:
+            click.echo(r.report())
+
+
+@hookimpl
+def waltz_add_commands(cli: click.Group) -> None:
+    cli.add_command(perf_group)
