@@ -234,7 +234,7 @@ class ClusterSpec:
         finally:
             await backend.close()
 
-    async def assign_on_storage(self, i: int, timeout: float = 15.0) -> None:
+    async def assign_on_storage(self, i: int, timeout: float = 60.0) -> None:
         """Tell storage node ``i`` (admin port) to hold every partition the metadata gives it."""
         assert self.coordination is not None
         backend = open_coordination(self.coordination)
@@ -275,12 +275,17 @@ class InProcessCluster:
         self.servers: dict[int, Any] = {}
 
     async def start(self) -> None:
+        """Start everything; on failure stop what was started, then raise."""
         self.spec.write_configs()
         await self.spec.bootstrap()
-        for i in range(self.spec.num_storages):
-            await self.start_storage(i)
-        for i in range(self.spec.num_servers):
-            await self.start_server(i)
+        try:
+            for i in range(self.spec.num_storages):
+                await self.start_storage(i)
+            for i in range(self.spec.num_servers):
+                await self.start_server(i)
+        except BaseException:
+            await self.stop()
+            raise
 
     async def start_storage(self, i: int) -> None:
         from .storage.process import run_storage
@@ -344,12 +349,17 @@ class ProcessCluster:
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     async def start(self) -> None:
+        """Start every process; on failure stop the ones already started (no orphans), then raise."""
         self.spec.write_configs()
         await self.spec.bootstrap()
-        for i in range(self.spec.num_storages):
-            await self.start_storage(i)
-        for i in range(self.spec.num_servers):
-            self.start_server(i)
+        try:
+            for i in range(self.spec.num_storages):
+                await self.start_storage(i)
+            for i in range(self.spec.num_servers):
+                self.start_server(i)
+        except BaseException:
+            self.stop()
+            raise
 
     async def start_storage(self, i: int) -> None:
         self.storages[i] = self._spawn(["-v", "storage", "start", "--config", str(self.spec.storages[i].config_file)],
