@@ -41,6 +41,25 @@ Route = Callable[[Mapping[str, list[str]]], Awaitable[HttpResponse]]
 HealthCheck = Callable[[], tuple[bool, Mapping[str, Any]]]
 
 
+def _log_bad_request(writer: asyncio.StreamWriter, exc: BaseException) -> None:
+    """One line per bad HTTP peer. A peer that connects and hangs up without a byte (a TCP health
+    check) is not a bad peer: debug only."""
+    peer = writer.get_extra_info("peername")
+    where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+    if isinstance(exc, asyncio.IncompleteReadError):
+        if not exc.partial:
+            log.debug("http connection from %s closed before a request", where)
+            return
+        why = f"peer closed after {len(exc.partial)} bytes without ending the request head"
+    elif isinstance(exc, asyncio.LimitOverrunError):
+        why = f"request head longer than {MAX_HEAD} bytes"
+    elif isinstance(exc, TimeoutError):
+        why = "no complete request head within 10 s"
+    else:
+        why = "malformed request line (expected METHOD TARGET VERSION)"
+    log.warning("http: bad request from %s: %s; answered 400 and closed", where, why)
+
+
 class HttpEndpoint:
     """Serve the standard routes plus ``routes`` (path -> async handler(query) -> HttpResponse)."""
 
@@ -77,8 +96,9 @@ class HttpEndpoint:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
                 request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
                 method, target, _version = request_line.split(" ", 2)
-            except (ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError):
+            except (ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError) as exc:
                 response = HttpResponse(400, b"bad request\n")
+                _log_bad_request(writer, exc)
             else:
                 response = await self._dispatch(method, target)
             reason = _REASONS.get(response.status, "")

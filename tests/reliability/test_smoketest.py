@@ -19,11 +19,13 @@ from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_short_smoketest_local_coordination(tmp_path: Path) -> None:
-    result = await run_smoketest(SmokeOptions(tmp_path, duration=45.0, seed=11))
+    # Faults a little shorter and denser than the defaults so that 50 s of load carries >= 50 faults.
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=50.0, seed=11, fault_hold=(0.3, 1.1),
+                                              fault_gap=(0.1, 0.4)))
     print("\n".join(result.report()))
     assert result.verdict.ok, "\n".join(result.report())
     faults = sum(result.faults.values())
-    assert faults >= 40, f"only {faults} faults injected"
+    assert faults >= 50, f"only {faults} faults injected: {result.faults}"
     assert {"storage-kill", "server-kill"} & set(result.faults), result.faults
     assert result.verdict.stats["ok"] > 500, result.verdict.stats  # the load really ran through the faults
 

@@ -769,7 +769,8 @@ class AsyncWaltzClient:
         try:
             await asyncio.wait_for(all_ready(), timeout)
         except TimeoutError:
-            raise ClientTimeoutError(f"partitions not mounted within {timeout}s") from None
+            waiting = sorted(pid for pid, p in self._partitions.items() if p.state != "inactive" and not p.ready.is_set())
+            raise ClientTimeoutError(f"not mounted within {timeout}s: partitions {waiting}") from None
 
     async def high_water_mark(self, partition_id: int) -> int:
         """The server's committed high-water mark of a partition (RPC)."""

@@ -56,6 +56,15 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def error(self) -> FrameTooLargeError | None:
+        """The error a ``feed`` found after returning the frames before it; the stream cannot go on.
+
+        Check it after every ``feed`` that returned frames: the peer may send nothing more, so
+        waiting for the next ``feed`` to raise it would keep a bad connection open forever.
+        """
+        return self._error
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add received bytes; return every frame they complete (possibly none).
 

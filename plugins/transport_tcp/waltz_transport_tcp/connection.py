@@ -230,6 +230,11 @@ class TcpConnection(asyncio.BufferedProtocol):
         waiter = self._recv_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        pending = self._decoder.error
+        if pending is not None:  # an oversize prefix after these frames: they stay readable, then recv raises
+            log.warning("closing connection to %s: %s", self._peer, pending)
+            self._fail(pending)
+            return
         if not self._reading_paused and (
             len(self._frames) >= self._opts.read_queue_frames or self._queued_bytes >= self._opts.read_queue_bytes
         ):
