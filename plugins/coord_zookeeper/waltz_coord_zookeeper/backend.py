@@ -44,6 +44,13 @@ from .options import ZooKeeperOptions, parse_acl_entry
 
 log = logging.getLogger("waltz.coordination.zookeeper")
 
+
+class _BelowError(logging.Filter):
+    """Drops records below ERROR (kazoo's connection-attempt warnings during the first connect)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
 _SEQUENCE_DIGITS = re.compile(r"\d{10}")
 #: Failures after which the request may simply be sent again once the client is reconnected.
 _TRANSIENT = (kz.ConnectionLoss, kz.OperationTimeoutError, kz.SessionMovedError, asyncio.TimeoutError)
@@ -147,6 +154,11 @@ class ZooKeeperBackend:
             logger=logging.getLogger("waltz.coordination.zookeeper.kazoo"),
         )
         self._zk.add_listener(self._on_kazoo_state)
+        # Until the first session exists, kazoo's per-attempt connection warnings are noise: a
+        # failure ends in one CoordinationError that says it all (one clear line in the CLI).
+        kazoo_log = logging.getLogger("waltz.coordination.zookeeper.kazoo")
+        quiet = _BelowError()
+        kazoo_log.addFilter(quiet)
         try:
             await asyncio.to_thread(self._zk.start, opts.connect_timeout)
         except (KazooTimeoutError, kz.KazooException, OSError, ValueError) as exc:
@@ -155,6 +167,8 @@ class ZooKeeperBackend:
             raise CoordinationError(
                 f"zookeeper: cannot connect to {self.connect} within {opts.connect_timeout:g} s: {exc or type(exc).__name__}"
             ) from exc
+        finally:
+            kazoo_log.removeFilter(quiet)
         self._set_state(SessionState.CONNECTED)
 
     @staticmethod
