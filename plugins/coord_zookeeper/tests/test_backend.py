@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -113,3 +114,20 @@ async def _absent(zk_server: ZooKeeperServer, key: str) -> bool:
         return await backend.get(key) is None
     finally:
         await backend.close()
+
+
+def test_unreachable_server_is_one_clear_cli_line(tmp_path: Path) -> None:
+    """`waltz cluster list` against a ZooKeeper nobody runs: exit 1 and exactly one `error:` line."""
+    import subprocess
+    import sys
+
+    from waltz_core.testing.servers import free_port
+
+    config = tmp_path / "cli.toml"
+    config.write_text(f'[coordination]\nname = "zookeeper"\nconnect = "127.0.0.1:{free_port()}"\n\n'
+                      "[coordination.zookeeper]\nconnect_timeout = 2.0\n")
+    result = subprocess.run([sys.executable, "-m", "waltz_core.cli", "cluster", "list", "--config", str(config)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: zookeeper: cannot connect"), result.stderr
