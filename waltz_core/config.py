@@ -30,7 +30,6 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs

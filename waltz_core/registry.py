@@ -10,7 +10,7 @@ for the backends this project ships, the distribution to install.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
 

@@ -22,7 +22,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ..errors import ClientError
 from ..locks.lock_id import PartitionLocalLock

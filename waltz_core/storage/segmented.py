@@ -52,7 +52,6 @@ from .format import (
     ControlHeader,
     PartitionInfo,
     SegmentHeader,
-    crc32,
     decode_checkpoint,
     decode_control_header,
     decode_partition_info,

@@ -10,4 +10,4 @@ from .transport import ZmqListener, ZmqTransport, zmq_factory
 
 __version__ = "0.1.0"
 
-__all__ = ["ZmqConnection", "ZmqListener", "ZmqOptions", "ZmqTransport", "create_keypair", "zmq_factory"]
+__all__ = ["ZmqConnection", "ZmqListener", "ZmqOptions", "ZmqTransport", "create_keypair", "keys", "wire", "zmq_factory"]
