@@ -62,6 +62,11 @@ NOT_READY_RETRY = 0.5  #: seconds before a NOT_READY mount is retried (original)
 SLOT_WAIT = 10.0  #: seconds a submit waits for an in-flight slot before nudging with a flush (original)
 
 
+def _awaitable(result: Any) -> bool:
+    """``inspect.isawaitable`` with a fast answer for what callbacks usually return (None, a bool)."""
+    return result is not None and result is not True and result is not False and inspect.isawaitable(result)
+
+
 class InlineDispatcher:
     """Application code on the event loop; coroutine results are awaited."""
 
@@ -69,13 +74,13 @@ class InlineDispatcher:
 
     async def call(self, partition_id: int, fn: Callable[..., Any], *args: Any) -> Any:
         result = fn(*args)
-        if inspect.isawaitable(result):
+        if _awaitable(result):
             result = await result
         return result
 
     async def call_retry(self, fn: Callable[..., Any], *args: Any) -> Any:
         result = fn(*args)
-        if inspect.isawaitable(result):
+        if _awaitable(result):
             result = await result
         return result
 
@@ -680,7 +685,7 @@ class AsyncWaltzClient:
             txn = Transaction(p.id, tid, item.header, item.req_id, self)
             try:
                 result = apply(txn)
-                if inspect.isawaitable(result):
+                if _awaitable(result):
                     await result
             except Exception as exc:
                 log.warning("client %d: apply_transaction(partition %d, transaction %d) failed: %r",

@@ -216,9 +216,19 @@ def w_str(out: list[bytes], text: str) -> None:
     w_blob(out, text.encode("utf-8"))
 
 
+#: ``count + elements`` structs for the common small arrays (lock lists), compiled once.
+_COUNTED_INTS: Final = tuple(struct.Struct(f">i{n}i") for n in range(17))
+_EMPTY_INT_ARRAY: Final = I32.pack(0)
+
+
 def w_int_array(out: list[bytes], values: tuple[int, ...] | list[int]) -> None:
     n = len(values)
-    out.append(struct.pack(f">i{n}i", n, *values))
+    if n == 0:  # the usual case: a transaction without read or append locks
+        out.append(_EMPTY_INT_ARRAY)
+    elif n < 17:
+        out.append(_COUNTED_INTS[n].pack(n, *values))
+    else:
+        out.append(struct.pack(f">i{n}i", n, *values))
 
 
 def w_record(out: list[bytes], r: Record) -> None:
