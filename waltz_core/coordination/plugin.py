@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ..config import CoordinationConfig
+from ..cli.params import partition_ids_callback
 from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -99,15 +100,6 @@ def _console() -> Any:
     from rich.console import Console
 
     return Console(soft_wrap=True)  # messages with keys and paths stay on one line
-
-
-def _partitions_arg(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
-    from .metadata import parse_partition_ranges
-
-    try:
-        return parse_partition_ranges(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.group("cluster")
@@ -256,7 +248,7 @@ async def remove_storage_node_command(backend: CoordinationBackend, root: str, s
 
 
 @cluster_group.command("assign-partition")
-@click.option("-p", "--partition", "partitions", required=True, metavar="IDS", callback=_partitions_arg,
+@click.option("-p", "--partition", "partitions", required=True, metavar="IDS", callback=partition_ids_callback,
               help="Partition ids or ranges: 0-6,9.")
 @click.option("-s", "--storage", required=True, metavar="HOST:PORT", help="The storage node.")
 @_with_backend
@@ -270,7 +262,7 @@ async def assign_partition_command(backend: CoordinationBackend, root: str, part
 
 
 @cluster_group.command("unassign-partition")
-@click.option("-p", "--partition", "partitions", required=True, metavar="IDS", callback=_partitions_arg,
+@click.option("-p", "--partition", "partitions", required=True, metavar="IDS", callback=partition_ids_callback,
               help="Partition ids or ranges: 0-6,9.")
 @click.option("-s", "--storage", required=True, metavar="HOST:PORT", help="The storage node.")
 @_with_backend

@@ -68,9 +68,9 @@ def _admin_call(server: str, config_path: str | None, call: str, *args: object) 
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
 def add_preferred(server: str, partitions: str, config_path: str | None) -> None:
     """Ask a server to prefer partitions (the cluster manager assigns them to it first)."""
-    from ..coordination.metadata import parse_partition_ranges
+    from ..cli.params import partition_ids
 
-    ok = _admin_call(server, config_path, "add_preferred_partitions", parse_partition_ranges(partitions))
+    ok = _admin_call(server, config_path, "add_preferred_partitions", partition_ids(partitions))
     click.echo("preferred partitions added" if ok else "refused: a partition id is out of range")
     if not ok:
         raise SystemExit(1)
@@ -82,9 +82,9 @@ def add_preferred(server: str, partitions: str, config_path: str | None) -> None
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
 def remove_preferred(server: str, partitions: str, config_path: str | None) -> None:
     """Remove partitions from a server's preferred list."""
-    from ..coordination.metadata import parse_partition_ranges
+    from ..cli.params import partition_ids
 
-    ok = _admin_call(server, config_path, "remove_preferred_partitions", parse_partition_ranges(partitions))
+    ok = _admin_call(server, config_path, "remove_preferred_partitions", partition_ids(partitions))
     click.echo("preferred partitions removed" if ok else "refused: a partition id is out of range")
     if not ok:
         raise SystemExit(1)
@@ -167,10 +167,10 @@ def _cluster_commands() -> list[click.Command]:
         from rich.console import Console
         from rich.table import Table
 
-        from ..coordination.metadata import parse_partition_ranges
+        from ..cli.params import partition_ids
         from .verify import verify
 
-        ids = parse_partition_ranges(partitions) if partitions else None
+        ids = partition_ids(partitions) if partitions else None
         checks = _cluster_call(config_path, backend_name, connect, root, session_timeout,
                                lambda b, r, t: verify(b, r, t, ids, timeout))
         table = Table(title="cluster verification", title_justify="left")

@@ -12,29 +12,10 @@ from typing import Any, TypeVar
 
 import click
 
+from ..cli.params import partition_ids
 from ..errors import ConfigError
 
 T = TypeVar("T")
-
-
-def parse_partitions(text: str) -> list[int]:
-    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                out.extend(range(int(lo), int(hi) + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise click.BadParameter(f"{part!r} is not a partition id or range like 0-3") from None
-    if not out:
-        raise click.BadParameter("no partition given")
-    return out
 
 
 def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,7 +110,7 @@ def list_command(address: str, config_path: str | None, cluster_key: uuid.UUID |
 def add_partition(address: str, partitions: str, config_path: str | None, cluster_key: uuid.UUID | None,
                   num_partitions: int | None) -> None:
     """Assign partitions to the node (creates their files; they are available at once)."""
-    ids = parse_partitions(partitions)
+    ids = partition_ids(partitions)
     _run(_with_admin(config_path, address, cluster_key, num_partitions, lambda a: a.set_assignment(ids, True)))
     click.echo(f"assigned partitions {ids} on {address}")
 
@@ -142,7 +123,7 @@ def add_partition(address: str, partitions: str, config_path: str | None, cluste
 def remove_partition(address: str, partitions: str, delete_storage_files: bool, config_path: str | None,
                      cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
     """Unassign partitions from the node (files kept unless --delete-storage-files)."""
-    ids = parse_partitions(partitions)
+    ids = partition_ids(partitions)
     _run(_with_admin(config_path, address, cluster_key, num_partitions,
                      lambda a: a.set_assignment(ids, False, delete_storage_files=delete_storage_files)))
     click.echo(f"unassigned partitions {ids} on {address}" + (" and deleted their files" if delete_storage_files else ""))
@@ -156,7 +137,7 @@ def remove_partition(address: str, partitions: str, delete_storage_files: bool, 
 def availability(address: str, partitions: str, online: bool, config_path: str | None, cluster_key: uuid.UUID | None,
                  num_partitions: int | None) -> None:
     """Toggle read/write availability (offline recovery needs a partition offline)."""
-    ids = parse_partitions(partitions)
+    ids = partition_ids(partitions)
     _run(_with_admin(config_path, address, cluster_key, num_partitions, lambda a: a.set_availability(ids, online)))
     click.echo(f"partitions {ids} on {address} are now {'online' if online else 'offline'}")
 

@@ -113,24 +113,14 @@ def client_config(opts: Mapping[str, str], **client: Any) -> ClientProcessConfig
 
 def parse_partitions(raw: str | None) -> tuple[int, ...] | None:
     """``"0,2,5-7"`` -> (0, 2, 5, 6, 7); None/empty -> None (every partition)."""
+    from waltz_core.coordination.metadata import parse_partition_ranges
+
     if raw is None or not raw.strip():
         return None
-    out: set[int] = set()
-    for part in raw.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-        except ValueError:
-            raise SparkOptionError(f"waltz option 'partitions': expected ids like '0,2,5-7', got {raw!r}") from None
-    if any(p < 0 for p in out):
-        raise SparkOptionError(f"waltz option 'partitions': partition ids are not negative, got {raw!r}")
-    return tuple(sorted(out))
+    try:
+        return tuple(parse_partition_ranges(raw))
+    except ValueError:
+        raise SparkOptionError(f"waltz option 'partitions': expected ids like '0,2,5-7', got {raw!r}") from None
 
 
 @attrs.frozen
