@@ -53,12 +53,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
+from ...config import CoordinationConfig
 from ...coordination.base import CoordinationBackend, SessionState
-from ...errors import CasConflictError, ClusterNotFoundError, NodeExistsError, NoNodeError
+from ...errors import CasConflictError, ClusterNotFoundError, CoordinationError, NodeExistsError, NoNodeError
 
 BackendFactory = Callable[[], Awaitable[CoordinationBackend]]
 
@@ -571,3 +572,97 @@ class CoordinationConformance:
     @staticmethod
     async def _no_children(backend: CoordinationBackend, key: str) -> bool:
         return await backend.children(key) == []
+
+
+# ------------------------------------------------------------------------ leader failover scenario
+
+
+class ServerEnsemble(Protocol):
+    """What :func:`leader_kill_scenario` needs of a multi-node coordination service under test
+    (:class:`waltz_core.testing.servers.ZooKeeperServer` and ``EtcdServer`` fit)."""
+
+    def leader(self) -> int: ...
+
+    def kill(self, node: int) -> None: ...
+
+
+async def _cas_until(store: Any, partition: int, stop: asyncio.Event, done: list[int]) -> None:
+    """Bump the generation of ``partition`` by CAS until ``stop``; record each committed generation."""
+    import attrs
+
+    while not stop.is_set():
+        try:
+            meta, version = await store.get_partition_metadata(partition)
+            new = attrs.evolve(meta, generation=meta.generation + 1)
+            await store.cas_partition_metadata(partition, new, version)
+            done.append(new.generation)
+        except (CasConflictError, CoordinationError):
+            await asyncio.sleep(0.05)  # a lost race or the service electing: re-read and retry
+
+
+async def leader_kill_scenario(config: CoordinationConfig, ensemble: ServerEnsemble) -> float:
+    """SIGKILL the leader of ``ensemble`` in the middle of recipe operations.
+
+    Partition metadata CAS updates and the cluster manager must keep working once a new leader is
+    elected, and every committed update must survive (the final generation equals the number of
+    CAS updates that reported success). Returns the seconds from the kill to the first CAS commit.
+    """
+    import time
+
+    from ...coordination import open_coordination, recipes
+
+    backends: list[CoordinationBackend] = []
+
+    async def make() -> CoordinationBackend:
+        backend = open_coordination(config)
+        await backend.start()
+        backends.append(backend)
+        return backend
+
+    admin, writer, server_a, server_b = [await make() for _ in range(4)]
+    states: list[SessionState] = []
+    writer.add_session_listener(states.append)
+    root = "/waltz-failover"
+    await recipes.create_cluster(admin, root, "failover", 4)
+    got_a: list[recipes.ServerAssignment] = []
+    got_b: list[recipes.ServerAssignment] = []
+    manager_a = recipes.ClusterManager(server_a, root, recipes.ServerDescriptor(host="127.0.0.1", port=5001),
+                                       on_assignment=got_a.append)
+    manager_b = recipes.ClusterManager(server_b, root, recipes.ServerDescriptor(host="127.0.0.1", port=5002),
+                                       on_assignment=got_b.append)
+    stop, committed = asyncio.Event(), []
+    store = recipes.StoreMetadata(writer, root)
+    try:
+        await manager_a.start()
+        await eventually(lambda: bool(got_a) and len(got_a[-1].partitions) == 4, 20, "server A owns all partitions")
+        cas = asyncio.create_task(_cas_until(store, 0, stop, committed))
+        await eventually(lambda: len(committed) >= 20, 20, "20 CAS updates before the kill")
+
+        killed = ensemble.leader()
+        await asyncio.to_thread(ensemble.kill, killed)
+        killed_at, before_kill = time.monotonic(), len(committed)
+        await eventually(lambda: len(committed) > before_kill, 30, "a CAS update after the leader kill")
+        recovery = time.monotonic() - killed_at
+        assert await asyncio.to_thread(ensemble.leader) != killed
+        await eventually(lambda: len(committed) >= before_kill + 20, 30, "20 CAS updates after the new leader")
+        print(f"\n{config.name} leader kill: first CAS commit {recovery * 1000:.0f} ms after SIGKILL")
+        await manager_b.start()  # membership change under the new leader: the coordinator rebalances
+        await eventually(lambda: bool(got_b) and len(got_b[-1].partitions) == 2 and len(got_a[-1].partitions) == 2,
+                         30, "two servers share the partitions after the failover")
+        stop.set()
+        await cas
+        # Nothing committed is lost: a fresh client reads exactly the last committed generation.
+        reader = await make()
+        final, _ = await recipes.StoreMetadata(reader, root).get_partition_metadata(0)
+        assert committed == list(range(0, len(committed)))  # EMPTY is generation -1: 0, 1, 2, ...
+        assert final.generation == committed[-1]
+        moved = set(got_b[-1].partitions)
+        assert all(got_b[-1].partitions[p] == got_a[0].partitions[p] + 1 for p in moved)
+        assert writer.session_state is SessionState.CONNECTED and SessionState.LOST not in states
+        return recovery
+    finally:
+        stop.set()
+        await manager_a.close()
+        await manager_b.close()
+        for backend in backends:
+            await backend.close()
