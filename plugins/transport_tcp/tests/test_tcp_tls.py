@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from waltz_core.cli.main import build_cli
 from waltz_core.errors import ConfigError, ConnectError, ConnectionClosedError
 from waltz_core.testing.conformance.transport import TransportConformance
+from waltz_core.testing.faults.proxy import capture_echo_exchange
 from waltz_core.transport.base import Connection
 from waltz_transport_tcp import TcpOptions, TcpTransport
 from waltz_transport_tcp.certs import TestCertificates, create_test_ca
@@ -142,67 +143,8 @@ async def test_tls_client_to_plaintext_server_and_back_name_the_mismatch(
     await plain.close()
 
 
-class Relay:
-    """A TCP relay between client and listener that records every byte in both directions."""
-
-    def __init__(self, target: str) -> None:
-        self.target_port = int(target.rsplit(":", 1)[1])
-        self.captured = bytearray()
-        self.server: asyncio.Server | None = None
-        self.pumps: set[asyncio.Task[None]] = set()
-        self.writers: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while chunk := await reader.read(65536):
-                self.captured += chunk
-                writer.write(chunk)
-                await writer.drain()
-        writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.writers += [writer, up_writer]
-        for task in (asyncio.create_task(self._pump(reader, up_writer)),
-                     asyncio.create_task(self._pump(up_reader, writer))):
-            self.pumps.add(task)
-            task.add_done_callback(self.pumps.discard)
-
-    async def close(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for task in list(self.pumps):
-            task.cancel()
-        await asyncio.gather(*self.pumps, return_exceptions=True)
-        for writer in self.writers:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-        await self.server.wait_closed()
-
-
 async def _exchange_through_relay(server: TcpTransport, client: TcpTransport) -> bytes:
-    listener = await server.listen("127.0.0.1", 0, _echo)
-    relay = Relay(listener.address)
-    address = await relay.start()
-    try:
-        conn = await client.connect(address)
-        async with asyncio.timeout(STEP):
-            for _ in range(20):
-                await conn.send(PAYLOAD)
-                assert await conn.recv() == PAYLOAD
-            await conn.send_many([PAYLOAD] * 20)
-            for _ in range(20):
-                assert await conn.recv() == PAYLOAD
-        await conn.close()
-    finally:
-        await relay.close()
-        await listener.close()
-    return bytes(relay.captured)
+    return await capture_echo_exchange(server, client, PAYLOAD, STEP)
 
 
 async def test_tls_traffic_is_not_plaintext(make: Callable[..., TcpTransport], certs: TestCertificates) -> None:

@@ -9,6 +9,10 @@ One :class:`FaultProxy` forwards every accepted connection to ``target`` and can
   ``"down"``: target -> client) or both (a black hole: the TCP connections stay open);
 * :meth:`heal` - back to plain forwarding.
 
+With ``record=True`` it also keeps every forwarded byte (both directions) in :attr:`captured`,
+which is how the security tests check that nothing readable crosses the wire
+(:func:`capture_echo_exchange`).
+
 It runs on the caller's event loop (:meth:`start` / :meth:`close`) or on a thread of its own
 (:class:`ThreadedFaultProxy`, for synchronous tests and the smoke test's nemesis). Waltz's own
 ``ProxyServer`` and Toxiproxy do the same; ``tc netem`` and ``iptables`` are not available here.
@@ -20,7 +24,11 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Literal
+
+from ...errors import ConnectionClosedError
+from ...transport.base import Connection, Transport
 
 log = logging.getLogger("waltz.testing.faults.proxy")
 
@@ -34,9 +42,11 @@ class FaultProxy:
     All methods run on the proxy's event loop (use :class:`ThreadedFaultProxy` from other threads).
     """
 
-    def __init__(self, target: str, listen_host: str = "127.0.0.1", listen_port: int = 0) -> None:
+    def __init__(self, target: str, listen_host: str = "127.0.0.1", listen_port: int = 0, *,
+                 record: bool = False) -> None:
         host, _, port = target.rpartition(":")
         self.target_host, self.target_port = host, int(port)
+        self.captured: bytearray | None = bytearray() if record else None  #: forwarded bytes when recording
         self.listen_host, self.listen_port = listen_host, listen_port
         self.refusing = False
         self.latency = 0.0
@@ -126,6 +136,8 @@ class FaultProxy:
                     await asyncio.sleep(self.latency)
                 if direction in self.dropping:
                     continue
+                if self.captured is not None:
+                    self.captured += chunk
                 writer.write(chunk)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
@@ -136,6 +148,39 @@ class FaultProxy:
             for w in pipe:
                 with contextlib.suppress(Exception):
                     w.close()
+
+
+async def capture_echo_exchange(server: Transport, client: Transport, payload: bytes, timeout: float = 20.0,
+                                rounds: int = 20) -> bytes:
+    """Echo ``payload`` between two transports through a recording proxy; return the wire bytes.
+
+    ``rounds`` single sends and one ``send_many`` of ``rounds`` frames, each echoed back and
+    checked. A control run without security shows ``payload`` in the result; an encrypted one must not.
+    """
+
+    async def echo(conn: Connection) -> None:
+        with contextlib.suppress(ConnectionClosedError):
+            while True:
+                await conn.send(await conn.recv())
+
+    listener = await server.listen("127.0.0.1", 0, echo)
+    proxy = await FaultProxy(listener.address, record=True).start()
+    try:
+        conn = await client.connect(proxy.address)
+        async with asyncio.timeout(timeout):
+            for _ in range(rounds):
+                await conn.send(payload)
+                assert await conn.recv() == payload
+            batch: Sequence[bytes] = [payload] * rounds
+            await conn.send_many(batch)
+            for _ in range(rounds):
+                assert await conn.recv() == payload
+        await conn.close()
+    finally:
+        await proxy.close()
+        await listener.close()
+    assert proxy.captured is not None
+    return bytes(proxy.captured)
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
