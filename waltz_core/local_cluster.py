@@ -19,7 +19,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ from .config import (
 from .coordination import open_coordination
 from .coordination.recipes import StoreMetadata, create_cluster, get_cluster_params
 from .errors import ClusterNotFoundError
+from .plugins import default_registries
+from .protocol.wire import Record
 from .storage.client import StorageAdminClient
 from .transport import open_transport
 
@@ -233,6 +236,37 @@ class ClusterSpec:
             return True
         finally:
             await backend.close()
+
+    async def store_params(self) -> tuple[uuid.UUID, int]:
+        """The cluster key and partition count from coordination (what every storage node checks)."""
+        from .storage.process import store_params_from_coordination
+
+        assert self.coordination is not None
+        return await store_params_from_coordination(self.coordination)
+
+    def read_replica(self, i: int, key: uuid.UUID, num_partitions: int,
+                     partitions: Iterable[int] | None = None) -> dict[int, list[Record]]:
+        """Every record of storage node ``i``, per partition, read offline through its layout.
+
+        The node must be stopped (the layout takes its files); for comparing replicas in tests.
+        """
+        cfg = self.storage_config(i).storage
+        layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
+        layout.open(key, num_partitions)
+        out: dict[int, list[Record]] = {}
+        try:
+            for p in range(num_partitions) if partitions is None else partitions:
+                store = layout.open_partition(p)
+                records: list[Record] = []
+                txn = 0
+                while batch := store.read_records(txn, 1000):
+                    records.extend(batch)
+                    txn = batch[-1].transaction_id + 1
+                store.close()
+                out[p] = records
+        finally:
+            layout.close()
+        return out
 
     async def assign_on_storage(self, i: int, timeout: float = 60.0) -> None:
         """Tell storage node ``i`` (admin port) to hold every partition the metadata gives it."""

@@ -27,8 +27,6 @@ from pathlib import Path
 import attrs
 import pytest
 
-from waltz_core.coordination import open_coordination
-from waltz_core.coordination.recipes import StoreMetadata
 from waltz_core.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.protocol import ADMIN, CLIENT, STORAGE, Family
 from waltz_core.protocol import client as m
@@ -184,16 +182,10 @@ class GoodPeers:
             await probe.read_to(committed[payload], timeout=30)
             assert probe.feed[committed[payload]][1] is not None
         self.appended += 1
-        backend = open_coordination(spec.coordination)
-        await backend.start()
-        try:
-            params = await StoreMetadata(backend, spec.coordination.root).get_store_params()
-        finally:
-            await backend.close()
+        key, n = await spec.store_params()
         transport = open_transport(spec.transport_config)
         try:
-            admin = await StorageAdminClient.connect(transport, spec.admin_address(0), params.cluster_key,
-                                                     params.num_partitions)
+            admin = await StorageAdminClient.connect(transport, spec.admin_address(0), key, n)
             try:
                 assert await admin.assigned_partition_status() == {0: True}
             finally:

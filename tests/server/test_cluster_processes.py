@@ -15,9 +15,6 @@ from pathlib import Path
 import pytest
 
 from waltz_core.config import CoordinationConfig
-from waltz_core.coordination import open_coordination
-from waltz_core.coordination.recipes import StoreMetadata
-from waltz_core.plugins import default_registries
 from waltz_core.testing import require
 from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
 from waltz_core.testing.probe import PartitionProbe
@@ -48,38 +45,6 @@ def coordination_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) 
 
 def payloads(prefix: str, n: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() * 8 for i in range(n)]
-
-
-async def cluster_key(spec: ClusterSpec) -> tuple[uuid.UUID, int]:
-    assert spec.coordination is not None
-    backend = open_coordination(spec.coordination)
-    await backend.start()
-    try:
-        params = await StoreMetadata(backend, spec.coordination.root).get_store_params()
-        return params.cluster_key, params.num_partitions
-    finally:
-        await backend.close()
-
-
-def read_replica(spec: ClusterSpec, i: int, key: uuid.UUID, n: int, partition: int = 0) -> list[bytes]:
-    """Every record of one replica, read offline through its layout, as raw comparable tuples."""
-    cfg = spec.storage_config(i).storage
-    layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
-    layout.open(key, n)
-    try:
-        store = layout.open_partition(partition)
-        out = []
-        txn = 0
-        while True:
-            batch = store.read_records(txn, 1000)
-            if not batch:
-                break
-            out.extend(repr((r.transaction_id, r.req_id, r.header, r.data, r.checksum)).encode() for r in batch)
-            txn = batch[-1].transaction_id + 1
-        store.close()
-        return out
-    finally:
-        layout.close()
 
 
 def check_exactly_once(probe: PartitionProbe, committed: dict[bytes, int]) -> None:
@@ -118,11 +83,13 @@ async def test_storage_kill_quorum_stall_resume_and_catch_up(coordination: str, 
             final = probe.high_water_mark
             check_exactly_once(probe, committed)
             assert set(committed) == set(payloads("a", 150) + payloads("b", 150) + payloads("c", 20) + payloads("d", 100))
-            key, n = await cluster_key(spec)
+            key, n = await spec.store_params()
             await wait_replica_holds(spec, 2, key, n, final)
     finally:
         cluster.stop()
-    replicas = [read_replica(spec, i, key, n) for i in range(3)]
+    # Every record of each replica, read offline through its layout, as comparable tuples.
+    replicas = [[repr((r.transaction_id, r.req_id, r.header, r.data, r.checksum)).encode()
+                 for r in spec.read_replica(i, key, n, [0])[0]] for i in range(3)]
     prefix = [r[: final + 1] for r in replicas]
     assert all(len(p) == final + 1 for p in prefix), [len(r) for r in replicas]
     assert prefix[0] == prefix[1] == prefix[2], "committed prefixes must be byte-identical on every replica"

@@ -31,7 +31,7 @@ async def _params(config: Any, cluster_key: uuid.UUID | None, num_partitions: in
         return cluster_key, num_partitions
     from .process import store_params_from_coordination
 
-    return await store_params_from_coordination(config)
+    return await store_params_from_coordination(config.coordination)
 
 
 def _run(coro: Awaitable[T]) -> T:

@@ -12,8 +12,7 @@ import signal
 import uuid
 from typing import Any
 
-from ..config import StorageProcessConfig
-from ..errors import ConfigError
+from ..config import CoordinationConfig, StorageProcessConfig
 from ..http import HttpEndpoint
 from ..metrics import MetricsRegistry
 from ..plugins import core_version, default_plugin_manager, default_registries
@@ -23,19 +22,15 @@ from .node import StorageNode
 log = logging.getLogger("waltz.storage")
 
 
-async def store_params_from_coordination(config: StorageProcessConfig) -> tuple[uuid.UUID, int]:
+async def store_params_from_coordination(coordination: CoordinationConfig) -> tuple[uuid.UUID, int]:
     """Read the cluster key and partition count from the coordination backend."""
-    try:
-        from ..coordination import open_coordination
-        from ..coordination.recipes import StoreMetadata
-    except ImportError as exc:
-        raise ConfigError(
-            "reading the cluster key from coordination is not available in this build "
-            f"({exc}); pass --cluster-key and --num-partitions") from None
-    backend = open_coordination(config.coordination)
+    from ..coordination import open_coordination
+    from ..coordination.recipes import StoreMetadata
+
+    backend = open_coordination(coordination)
     await backend.start()
     try:
-        params = await StoreMetadata(backend, config.coordination.root).get_store_params()
+        params = await StoreMetadata(backend, coordination.root).get_store_params()
     finally:
         await backend.close()
     return params.cluster_key, params.num_partitions
@@ -46,7 +41,7 @@ async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | 
                       announce: bool = True) -> None:
     """Run a storage node until ``stop`` is set (or a termination signal arrives)."""
     if cluster_key is None or num_partitions is None:
-        cluster_key, num_partitions = await store_params_from_coordination(config)
+        cluster_key, num_partitions = await store_params_from_coordination(config.coordination)
     cfg = config.storage
     info = default_registries().resolve("storage_layout", cfg.layout)
     layout = info.factory(cfg.directory, cfg)

@@ -33,9 +33,7 @@ import attrs
 
 from ...config import CoordinationConfig
 from ...coordination import open_coordination
-from ...coordination.recipes import StoreMetadata
 from ...local_cluster import ClusterSpec, ProcessCluster
-from ...plugins import default_registries
 from ...storage.client import StorageAdminClient
 from ...transport import open_transport
 from ..checker import BankModel, LogEntry, Verdict, check
@@ -209,41 +207,6 @@ def recovery_times(history: History, kills: list[tuple[str, float]]) -> dict[str
     return out
 
 
-def read_replica(spec: ClusterSpec, i: int, key: uuid.UUID, num_partitions: int) -> dict[int, list[LogEntry]]:
-    """Every record of storage ``i``, read offline through its layout (the process is stopped)."""
-    cfg = spec.storage_config(i).storage
-    layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
-    layout.open(key, num_partitions)
-    out: dict[int, list[LogEntry]] = {}
-    try:
-        for p in range(num_partitions):
-            store = layout.open_partition(p)
-            entries: list[LogEntry] = []
-            txn = 0
-            while True:
-                batch = store.read_records(txn, 1000)
-                if not batch:
-                    break
-                entries.extend(LogEntry(r.transaction_id, req_key(r.req_id), r.header, bytes(r.data)) for r in batch)
-                txn = batch[-1].transaction_id + 1
-            store.close()
-            out[p] = entries
-    finally:
-        layout.close()
-    return out
-
-
-async def cluster_key(spec: ClusterSpec) -> tuple[uuid.UUID, int]:
-    assert spec.coordination is not None
-    backend = open_coordination(spec.coordination)
-    await backend.start()
-    try:
-        params = await StoreMetadata(backend, spec.coordination.root).get_store_params()
-        return params.cluster_key, params.num_partitions
-    finally:
-        await backend.close()
-
-
 async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: dict[int, int], timeout: float) -> None:
     """Poll every storage's admin port until it holds each partition's committed high-water mark."""
     transport = open_transport(spec.transport_config)
@@ -314,13 +277,14 @@ async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None
         procs = ClusterProcesses(cluster, launcher)
         outcome = await _drive(opts, spec, procs, proxies, history, progress, cluster_hook)
         hwms = {p: len(entries) - 1 for p, entries in outcome["logs"].items()}
-        key, n = await cluster_key(spec)
+        key, n = await spec.store_params()
         await wait_replicas_hold(spec, key, n, hwms, timeout=60.0)
         cluster.stop()
         replicas: dict[int, dict[str, list[LogEntry]]] = {p: {} for p in range(opts.partitions)}
         for i in range(opts.storages):
-            for p, entries in read_replica(spec, i, key, n).items():
-                replicas[p][f"storage-{i}"] = entries
+            for p, records in spec.read_replica(i, key, n).items():
+                replicas[p][f"storage-{i}"] = [LogEntry(r.transaction_id, req_key(r.req_id), r.header, bytes(r.data))
+                                               for r in records]
     finally:
         if cluster is not None:
             cluster.stop()
