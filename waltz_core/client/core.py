@@ -47,7 +47,7 @@ from ..errors import (
 from ..plugins import Registries, core_version
 from ..protocol import client as m
 from ..protocol.wire import ReqId, crc32
-from ..transport import open_transport
+from ..transport import is_plaintext, open_transport
 from .api import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from .discovery import CoordinationDiscovery, Discovery
 from .link import ServerLink
@@ -198,7 +198,7 @@ class AsyncWaltzClient:
         self._changed = asyncio.Event()
         self._retry_queue = asyncio.Queue()
         self._transport = open_transport(self.config.transport, self._registries)
-        if getattr(self._transport, "encrypted", True) is False:  # tcp without TLS; zmq warns itself
+        if is_plaintext(self._transport):
             log.warning("waltz client: links to the servers are not encrypted (development mode)")
         try:
             self._client_id, self._num_partitions = await self._discovery.start(self._on_owners)

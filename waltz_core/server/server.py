@@ -26,7 +26,7 @@ from ..metrics import MetricsRegistry
 from ..plugins import Registries, core_version, default_plugin_manager, default_registries
 from ..protocol import CLIENT
 from ..protocol import client as m
-from ..transport import MessageChannel, open_transport
+from ..transport import MessageChannel, is_plaintext, open_transport
 from ..transport.base import Connection, Listener
 from .glue import CoordinationMetadata, StorageConnector
 from .link import ClientLink
@@ -89,7 +89,7 @@ class WaltzServer:
             self._http = HttpEndpoint(service_name="waltz-server", version=core_version(), metrics=self.metrics,
                                       health=self.health)
             await self._http.start(cfg.http.host, cfg.http.port)
-        if self.transport.name == "tcp" and not _tls_enabled(cfg):
+        if is_plaintext(self.transport):
             log.warning("server %s: client and storage links are not encrypted (development mode)", self.address)
         log.info("%s listening on %s (transport %s, coordination %s)", self.name, self.address,
                  cfg.transport.name, cfg.coordination.name)
@@ -273,11 +273,6 @@ class WaltzServer:
                 reg.gauge("commit_latency_p99_seconds", "p99 append-to-commit latency (recent)", labels).set(lat[1])
                 reg.gauge("feed_lag", "Largest feed lag over the partition's mounted clients", labels).set(p.max_feed_lag)
             await asyncio.sleep(1.0)
-
-
-def _tls_enabled(config: ServerProcessConfig) -> bool:
-    options = config.transport.options.get(config.transport.name, {})
-    return bool(options.get("tls_cert") or options.get("certfile"))
 
 
 async def run_server(config: ServerProcessConfig, stop: asyncio.Event) -> None:

@@ -16,7 +16,7 @@ from ..config import CoordinationConfig, StorageProcessConfig
 from ..http import HttpEndpoint
 from ..metrics import MetricsRegistry
 from ..plugins import core_version, default_plugin_manager, default_registries
-from ..transport import open_transport
+from ..transport import is_plaintext, open_transport
 from .node import StorageNode
 
 log = logging.getLogger("waltz.storage")
@@ -54,7 +54,7 @@ async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | 
     for rep in node.repairs:
         log.warning("repaired at start: partition %d %s: %s (%s)", rep.partition_id, rep.file, rep.action, rep.detail)
     transport = open_transport(config.transport)
-    if getattr(transport, "encrypted", True) is False:  # transports that know (tcp) say so; zmq warns itself
+    if is_plaintext(transport):
         log.warning("storage node: server and admin links are not encrypted (development mode; see [transport.%s] tls_*)", config.transport.name)
     listeners: list[Any] = []
     http: HttpEndpoint | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..config import TransportConfig, backend_options
-from .base import Connection, ConnectionHandler, Listener, Transport
+from .base import Connection, ConnectionHandler, Listener, Transport, is_plaintext
 from .channel import MessageChannel
 
 if TYPE_CHECKING:
@@ -22,4 +22,5 @@ def open_transport(config: TransportConfig, registries: Registries | None = None
     return info.factory(config, options)  # type: ignore[no-any-return]
 
 
-__all__ = ["Connection", "ConnectionHandler", "Listener", "MessageChannel", "Transport", "open_transport"]
+__all__ = ["Connection", "ConnectionHandler", "Listener", "MessageChannel", "Transport", "is_plaintext",
+           "open_transport"]

@@ -74,7 +74,11 @@ class Listener(Protocol):
 
 @runtime_checkable
 class Transport(Protocol):
-    """What a transport backend's factory returns."""
+    """What a transport backend's factory returns.
+
+    Optionally it has a boolean ``encrypted`` attribute (tcp: True with TLS); a transport without
+    it reports security itself (zmq logs its own plaintext warning). See :func:`is_plaintext`.
+    """
 
     name: str
 
@@ -86,3 +90,11 @@ class Transport(Protocol):
 
     async def aclose(self) -> None:
         """Release transport-wide resources (contexts, thread pools); idempotent."""
+
+
+def is_plaintext(transport: object) -> bool:
+    """True when the transport says its links are not encrypted (``encrypted is False``).
+
+    Processes log a development-mode warning then; a transport that does not say is not guessed at.
+    """
+    return getattr(transport, "encrypted", None) is False
