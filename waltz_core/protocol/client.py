@@ -250,9 +250,15 @@ def encode(msg: ClientMessage) -> bytes:
         raise ProtocolError(f"not a client/server message: {type(msg).__name__}") from None
 
 
+def encode_feed_data(req_id: ReqId, transaction_id: int, header: int) -> bytes:
+    """The FeedData payload for one committed transaction, without building a message object
+    (the server encodes each commit once and sends the same bytes to every mounted client)."""
+    q = req_id
+    return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, transaction_id, header)
+
+
 def _enc_feed_data(m: FeedData) -> bytes:
-    q = m.req_id
-    return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, m.transaction_id, m.header)
+    return encode_feed_data(m.req_id, m.transaction_id, m.header)
 
 
 def _enc_mount_req(m: MountRequest) -> bytes:

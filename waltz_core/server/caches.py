@@ -1,4 +1,4 @@
-"""The server's caches of recent transactions: headers for feeds, data for data RPCs.
+"""The server's caches of recent transactions: feed frames for feeds, data for data RPCs.
 
 Both are bounded by bytes (``feed_cache_size``, ``transaction_data_cache_size``) and hold the
 most recent committed transactions of one partition; anything older is read from storage.
@@ -8,48 +8,49 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from ..protocol.wire import RecordHeader
-
-#: Approximate bytes one cached header costs (transaction id, request id, header, object overhead).
-HEADER_COST = 40
+#: Approximate bytes one cached feed frame costs (29-byte FeedData payload plus object overhead).
+FRAME_COST = 72
 
 
 class FeedCache:
-    """Recent record headers of one partition, contiguous by transaction id."""
+    """Recent feed frames (encoded FeedData) of one partition, contiguous by transaction id.
 
-    __slots__ = ("_headers", "_first", "_capacity")
+    A commit is encoded once, here; every mounted client's feed posts the same bytes.
+    """
+
+    __slots__ = ("_frames", "_first", "_capacity")
 
     def __init__(self, capacity_bytes: int) -> None:
-        self._headers: deque[RecordHeader] = deque()
-        self._first = 0  # transaction id of _headers[0]
-        self._capacity = max(64, capacity_bytes // HEADER_COST)
+        self._frames: deque[bytes] = deque()
+        self._first = 0  # transaction id of _frames[0]
+        self._capacity = max(64, capacity_bytes // FRAME_COST)
 
     def reset(self, next_transaction_id: int) -> None:
-        """Empty the cache; the next header added must be ``next_transaction_id``."""
-        self._headers.clear()
+        """Empty the cache; the next frame added must be ``next_transaction_id``'s."""
+        self._frames.clear()
         self._first = next_transaction_id
 
-    def add(self, header: RecordHeader) -> None:
-        headers = self._headers
-        if header.transaction_id != self._first + len(headers):
-            # Not contiguous (after a reset or a gap): restart the window at this header.
-            headers.clear()
-            self._first = header.transaction_id
-        headers.append(header)
-        if len(headers) > self._capacity:
-            headers.popleft()
+    def add(self, transaction_id: int, frame: bytes) -> None:
+        frames = self._frames
+        if transaction_id != self._first + len(frames):
+            # Not contiguous (after a reset or a gap): restart the window at this transaction.
+            frames.clear()
+            self._first = transaction_id
+        frames.append(frame)
+        if len(frames) > self._capacity:
+            frames.popleft()
             self._first += 1
 
-    def get(self, first: int, max_count: int) -> list[RecordHeader] | None:
-        """Headers ``first, first+1, ...`` (at most ``max_count``) or None when ``first`` is not cached."""
+    def get(self, first: int, max_count: int) -> list[bytes] | None:
+        """Frames of ``first, first+1, ...`` (at most ``max_count``) or None when ``first`` is not cached."""
         start = first - self._first
-        if start < 0 or start >= len(self._headers):
+        frames = self._frames
+        if start < 0 or start >= len(frames):
             return None
-        headers = self._headers
-        end = min(len(headers), start + max_count)
-        if start == 0 and end == len(headers):
-            return list(headers)
-        return [headers[i] for i in range(start, end)]
+        end = min(len(frames), start + max_count)
+        if start == 0 and end == len(frames):
+            return list(frames)
+        return [frames[i] for i in range(start, end)]
 
 
 class DataCache:

@@ -66,6 +66,13 @@ class ClientLink:
         self._buffer.extend(enc(m) for m in msgs)
         self._after_post()
 
+    def post_frames(self, frames: list[bytes]) -> None:
+        """Queue already-encoded frames (feeds share one encoding of each commit across clients)."""
+        if self._closed:
+            return
+        self._buffer.extend(frames)
+        self._after_post()
+
     def _after_post(self) -> None:
         self._wakeup.set()
         if len(self._buffer) >= self._high:

@@ -24,6 +24,7 @@ import attrs
 from ..config import ServerConfig
 from ..errors import WaltzError
 from ..protocol import client as m
+from ..protocol.client import encode_feed_data
 from ..protocol.wire import Record, RecordHeader, ReqId
 from ..metrics import Histogram
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
@@ -268,7 +269,7 @@ class Partition:
             latencies.append(now - p.started)
             if observe is not None:
                 observe(now - p.started)
-            feed_add(RecordHeader(p.transaction_id, p.req_id, p.header))
+            feed_add(p.transaction_id, encode_feed_data(p.req_id, p.transaction_id, p.header))
             data_put(p.transaction_id, p.data, p.checksum)
             if p.locks is not NO_LOCKS and locks is not None:
                 locks.commit(p.locks, p.transaction_id)
@@ -333,13 +334,14 @@ class Partition:
                 hwm = self.high_water_mark
                 if next_id <= hwm:
                     count = min(FEED_BATCH, hwm - next_id + 1)
-                    headers = self._feed_cache.get(next_id, count)
-                    if headers is None:
+                    frames = self._feed_cache.get(next_id, count)
+                    if frames is None:  # behind the cache: read the headers from storage
                         headers = await self.store.read_headers(next_id, count)
                         if not headers:
                             raise WaltzError(f"storage returned no headers from {next_id} (high-water mark {hwm})")
-                    link.post_many([m.FeedData(h.req_id, h.transaction_id, h.header) for h in headers])
-                    next_id += len(headers)
+                        frames = [encode_feed_data(h.req_id, h.transaction_id, h.header) for h in headers]
+                    link.post_frames(frames)
+                    next_id += len(frames)
                     slot.position = next_id - 1
                     await link.wait_writable()
                     continue
