@@ -30,24 +30,12 @@ from waltz_core.client import JsonSerializer
 from waltz_core.config import CoordinationConfig
 from waltz_core.locks.base import LockRequest
 from waltz_core.locks.exact import ExactLockTable
-from waltz_core.testing import require
 from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
-from waltz_core.testing.servers import ZooKeeperServer, zookeeper_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 JSON = JsonSerializer()
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def zookeeper() -> Iterator[ZooKeeperServer]:
-    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
-    zk = ZooKeeperServer(1).start()
-    try:
-        yield zk
-    finally:
-        zk.stop()
 
 
 @pytest.fixture(scope="module", params=["local", "zookeeper"])
@@ -57,7 +45,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         coordination = CoordinationConfig(name="local", connect=str(directory / "coord"), root="/waltz",
                                           session_timeout=3.0)
     else:
-        zk = request.getfixturevalue("zookeeper")
+        zk = request.getfixturevalue("zookeeper_server")
         coordination = CoordinationConfig(name="zookeeper", connect=zk.connect_string,
                                           root=f"/waltz-{uuid.uuid4().hex[:8]}", session_timeout=4.0)
     spec = ClusterSpec(directory, num_partitions=5, num_storages=3, num_servers=2, coordination=coordination)

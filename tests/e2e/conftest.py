@@ -11,7 +11,7 @@ security on (tcp + mutual TLS, zmq + CURVE) over local coordination.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,7 @@ import attrs
 import pytest
 
 from waltz_core.config import CoordinationConfig
-from waltz_core.testing import require
-from waltz_core.testing.servers import EtcdServer, ZooKeeperServer, etcd_available, zookeeper_available
+from waltz_core.testing.servers import EtcdServer, ZooKeeperServer
 
 TRANSPORTS = ("tcp", "zmq")
 COORDINATIONS = ("local", "zookeeper", "etcd")
@@ -62,26 +61,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                 f"transports {TRANSPORTS}, coordinations {COORDINATIONS}")
     cells = [c for c in CELLS if _selected(transports, c.transport) and _selected(coordinations, c.coordination)]
     metafunc.parametrize("cell", cells, ids=[c.id for c in cells])
-
-
-@pytest.fixture(scope="session")
-def zookeeper_server() -> Iterator[ZooKeeperServer]:
-    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
-    server = ZooKeeperServer(1).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdServer]:
-    require(etcd_available(), "etcd (apt etcd-server: /usr/bin/etcd)")
-    server = EtcdServer(nodes=1).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _local(tmp_path: Path, request: pytest.FixtureRequest) -> CoordinationConfig:

@@ -9,36 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from waltz_core.config import CoordinationConfig
-from waltz_core.testing import require
 from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
 from waltz_core.testing.probe import PartitionProbe
-from waltz_core.testing.servers import ZooKeeperServer, zookeeper_available
 from waltz_core.storage.client import StorageAdminClient
 from waltz_core.transport import open_transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def zookeeper() -> AsyncIterator[ZooKeeperServer]:
-    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
-    zk = ZooKeeperServer(1).start()
-    try:
-        yield zk
-    finally:
-        zk.stop()
-
-
 def coordination_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> CoordinationConfig:
     if kind == "local":
         return CoordinationConfig(name="local", connect=str(tmp_path / "coord"), root="/waltz", session_timeout=3.0)
-    zk = request.getfixturevalue("zookeeper")
+    zk = request.getfixturevalue("zookeeper_server")
     return CoordinationConfig(name="zookeeper", connect=zk.connect_string, root=f"/waltz-{uuid.uuid4().hex[:8]}",
                               session_timeout=4.0)
 

@@ -7,8 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from waltz_core.testing import require
-from waltz_core.testing.servers import ZooKeeperServer, zookeeper_available
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -23,19 +21,3 @@ def _quiet_kazoo() -> Iterator[None]:
         logging.getLogger(n).setLevel(level)
 
 
-@pytest.fixture(scope="session")
-def zk_server() -> Iterator[ZooKeeperServer]:
-    """A standalone ZooKeeper shared by the whole session (tests use their own roots)."""
-    require(zookeeper_available(), "ZooKeeper (apt zookeeper: /usr/share/java/zookeeper.jar and java)")
-    server = ZooKeeperServer(nodes=1).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def zk_ensemble() -> Iterator[ZooKeeperServer]:
-    """A 3-node ensemble for failover tests (module scoped: tests may kill nodes)."""
-    require(zookeeper_available(), "ZooKeeper (apt zookeeper: /usr/share/java/zookeeper.jar and java)")
-    server = ZooKeeperServer(nodes=3).start()
-    yield server
-    server.stop()

@@ -51,8 +51,8 @@ async def test_unreachable_server_is_one_clear_error() -> None:
 
 
 @pytest.mark.integration
-async def test_layout_sequence_names_and_zkcli_readable_values(zk_server: ZooKeeperServer) -> None:
-    backend = ZooKeeperBackend(zk_server.connect_string, session_timeout=4.0)
+async def test_layout_sequence_names_and_zkcli_readable_values(zookeeper_server: ZooKeeperServer) -> None:
+    backend = ZooKeeperBackend(zookeeper_server.connect_string, session_timeout=4.0)
     await backend.start()
     root = "/waltz-layout"
     try:
@@ -62,7 +62,7 @@ async def test_layout_sequence_names_and_zkcli_readable_values(zk_server: ZooKee
         names = await backend.children(f"{root}/serverDescriptors")
         assert len(names) == 1 and names[0].startswith("s_") and names[0][2:].isdigit() and len(names[0]) == 12
         # The raw znodes hold UTF-8 JSON: what `zkCli.sh get <path>` prints.
-        raw = KazooClient(hosts=zk_server.connect_string)
+        raw = KazooClient(hosts=zookeeper_server.connect_string)
         await asyncio.to_thread(raw.start, 10)
         try:
             data, stat = await asyncio.to_thread(raw.get, f"{root}/store/partition/1")
@@ -82,11 +82,11 @@ async def test_layout_sequence_names_and_zkcli_readable_values(zk_server: ZooKee
 
 
 @pytest.mark.integration
-async def test_digest_auth_and_acl(zk_server: ZooKeeperServer) -> None:
+async def test_digest_auth_and_acl(zookeeper_server: ZooKeeperServer) -> None:
     digest = make_digest_acl_credential("waltz", "secret")
-    owner = ZooKeeperBackend(zk_server.connect_string, session_timeout=4.0, options=ZooKeeperOptions(
+    owner = ZooKeeperBackend(zookeeper_server.connect_string, session_timeout=4.0, options=ZooKeeperOptions(
         auth_scheme="digest", auth_credentials="waltz:secret", acl=[f"digest:{digest}:cdrwa", "world:anyone:r"]))
-    stranger = ZooKeeperBackend(zk_server.connect_string, session_timeout=4.0)
+    stranger = ZooKeeperBackend(zookeeper_server.connect_string, session_timeout=4.0)
     await owner.start()
     await stranger.start()
     try:
@@ -104,11 +104,11 @@ async def test_digest_auth_and_acl(zk_server: ZooKeeperServer) -> None:
         await owner.delete("/waltz-acl", recursive=True)
         await owner.close()
         await stranger.close()
-    assert await _absent(zk_server, "/waltz-acl")
+    assert await _absent(zookeeper_server, "/waltz-acl")
 
 
-async def _absent(zk_server: ZooKeeperServer, key: str) -> bool:
-    backend = ZooKeeperBackend(zk_server.connect_string, session_timeout=4.0)
+async def _absent(zookeeper_server: ZooKeeperServer, key: str) -> bool:
+    backend = ZooKeeperBackend(zookeeper_server.connect_string, session_timeout=4.0)
     await backend.start()
     try:
         return await backend.get(key) is None

@@ -32,17 +32,17 @@ def expire_zookeeper_session(backend: ZooKeeperBackend, connect: str) -> None:
 
 class TestZooKeeperConformance(CoordinationConformance):
     @pytest.fixture
-    async def backend_factory(self, zk_server: ZooKeeperServer) -> AsyncIterator:
+    async def backend_factory(self, zookeeper_server: ZooKeeperServer) -> AsyncIterator:
         made: list[CoordinationBackend] = []
 
         async def make() -> CoordinationBackend:
-            config = CoordinationConfig(name="zookeeper", connect=zk_server.connect_string, session_timeout=4.0)
+            config = CoordinationConfig(name="zookeeper", connect=zookeeper_server.connect_string, session_timeout=4.0)
             backend = open_coordination(config)
             await backend.start()
             made.append(backend)
             return backend
 
-        self._connect = zk_server.connect_string
+        self._connect = zookeeper_server.connect_string
         yield make
         for backend in made:
             await backend.close()

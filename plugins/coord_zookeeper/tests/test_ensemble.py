@@ -13,6 +13,6 @@ from waltz_core.testing.servers import ZooKeeperServer
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-async def test_leader_kill_during_recipe_operations(zk_ensemble: ZooKeeperServer) -> None:
-    config = CoordinationConfig(name="zookeeper", connect=zk_ensemble.connect_string, session_timeout=6.0)
-    await leader_kill_scenario(config, zk_ensemble)
+async def test_leader_kill_during_recipe_operations(zookeeper_ensemble: ZooKeeperServer) -> None:
+    config = CoordinationConfig(name="zookeeper", connect=zookeeper_ensemble.connect_string, session_timeout=6.0)
+    await leader_kill_scenario(config, zookeeper_ensemble)
