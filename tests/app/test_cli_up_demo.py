@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from waltz_core.testing import require
-from waltz_core.testing.servers import ZooKeeperServer, zookeeper_available
+from waltz_core.testing.servers import ZooKeeperServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -108,22 +107,20 @@ def test_up_background_bank_stop_then_foreground_reuse_and_sigterm(tmp_path: Pat
     assert not any(alive(p) for p in children)
 
 
-def test_up_with_zookeeper_and_validate(tmp_path: Path) -> None:
-    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+def test_up_with_zookeeper_and_validate(tmp_path: Path, zookeeper_server: ZooKeeperServer) -> None:
     data = tmp_path / "zk-data"
-    with ZooKeeperServer(1) as zk:
-        up = waltz("up", "--background", "--data-dir", str(data), "--coordination", "zookeeper", "--connect",
-                   zk.connect_string, "--root", f"/up-{uuid.uuid4().hex[:8]}")
-        try:
-            assert up.returncode == 0, up.stdout + up.stderr
-            assert 'name = "zookeeper"' in (data / "client.toml").read_text()
-            check = waltz("client", "validate", "--data-dir", str(data), "--clients", "4", "--txn-per-client", "30",
-                          "--interval", "1")
-            assert check.returncode == 0, check.stdout + check.stderr
-            assert check.stdout.strip().splitlines()[-1] == "PASS"
-        finally:
-            stop = waltz("up", "--stop", "--data-dir", str(data))
-        assert "stopped 4 processes" in stop.stdout
+    up = waltz("up", "--background", "--data-dir", str(data), "--coordination", "zookeeper", "--connect",
+               zookeeper_server.connect_string, "--root", f"/up-{uuid.uuid4().hex[:8]}")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert 'name = "zookeeper"' in (data / "client.toml").read_text()
+        check = waltz("client", "validate", "--data-dir", str(data), "--clients", "4", "--txn-per-client", "30",
+                      "--interval", "1")
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert check.stdout.strip().splitlines()[-1] == "PASS"
+    finally:
+        stop = waltz("up", "--stop", "--data-dir", str(data))
+    assert "stopped 4 processes" in stop.stdout
 
 
 def test_demo_quickstart_as_the_readme_says(tmp_path: Path) -> None:
