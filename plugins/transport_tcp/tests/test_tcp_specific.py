@@ -171,3 +171,28 @@ async def test_own_event_loop_stall_is_not_a_peer_timeout() -> None:
         assert await client.recv() == b"pong"
     await client.close()
     await listener.close()
+
+
+def test_works_on_a_uvloop_event_loop() -> None:
+    """uvloop calls connection_made after create_connection returns and its transports do not
+    subclass asyncio.Transport: connect() must still hand back a usable connection."""
+    import uvloop  # a test dependency (waltz-core[testing]): missing is a failure, not a skip
+
+    async def exchange() -> list[bytes]:
+        transport = TcpTransport()
+        listener = await transport.listen("127.0.0.1", 0, _hold_echo)
+        try:
+            conns = [await transport.connect(listener.address) for _ in range(5)]
+            for i, conn in enumerate(conns):
+                await conn.send_many([b"uv", str(i).encode()])
+            async with asyncio.timeout(10):
+                got = [await conn.recv() + await conn.recv() for conn in conns]
+            for conn in conns:
+                await conn.close()
+            return got
+        finally:
+            await listener.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.get_loop().__class__.__module__.startswith("uvloop")
+        assert runner.run(exchange()) == [b"uv%d" % i for i in range(5)]

@@ -84,6 +84,7 @@ class TcpConnection(asyncio.BufferedProtocol):
         self._closed = False
         self._error: TransportError | ProtocolError | None = None
         self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._made: asyncio.Future[None] = self._loop.create_future()
         self._timer: asyncio.TimerHandle | None = None
         self._rx_activity = False
         self._tx_activity = False
@@ -161,6 +162,13 @@ class TcpConnection(asyncio.BufferedProtocol):
                 self._transport.resume_reading()
         return frame
 
+    async def made(self) -> None:
+        """Return once the socket is connected (``connection_made`` ran); raise if it was lost first."""
+        if not self._made.done():
+            await asyncio.wait({self._made, self._lost}, return_when=asyncio.FIRST_COMPLETED)
+        if self._transport is None:
+            raise self._closed_error()
+
     async def close(self) -> None:
         """Flush what is queued, then close; idempotent.
 
@@ -187,8 +195,8 @@ class TcpConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------------ protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # No isinstance check: uvloop's transports implement the interface without subclassing it.
+        self._transport = transport  # type: ignore[assignment]
         self._peer = format_address(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -198,6 +206,7 @@ class TcpConnection(asyncio.BufferedProtocol):
             except OSError as exc:  # e.g. a socket type without these options; the link still works
                 log.debug("connection to %s: cannot set socket options: %s", self._peer, exc)
         transport.set_write_buffer_limits(high=self._opts.write_buffer_high, low=self._opts.write_buffer_low)
+        self._made.set_result(None)
         if self._tick_interval > 0:
             self._last_rx = self._loop.time()
             self._schedule_tick()

@@ -131,6 +131,9 @@ class TcpTransport:
                 _, conn = await loop.create_connection(
                     lambda: TcpConnection(self.options, self.max_frame_size, tls=tls is not None, outbound=True), host, port,
                     ssl=tls, server_hostname=(self.options.tls_server_name or host) if tls is not None else None)
+                # asyncio calls connection_made before create_connection returns; uvloop calls it
+                # soon after. Either way the connection is usable only once it was made.
+                await conn.made()
         except TimeoutError as exc:
             raise ConnectError(f"cannot connect to {address}: no answer within {self.connect_timeout}s") from exc
         except ssl.SSLError as exc:
