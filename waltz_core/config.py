@@ -154,6 +154,8 @@ class ClientConfig:
     num_retry_workers: int = key(1, "Concurrent re-executions of failed transaction contexts.")
     data_fetch_attempts: int = key(5, "Attempts to fetch a transaction's data when its checksum does not match.")
     data_fetch_timeout: float = key(60.0, "Seconds a transaction data fetch keeps retrying RPC failures (backoff 10 ms to 5 s).")
+    data_read_ahead: int = key(256, "Most transactions a sequential reader's data read-ahead fetches in one RPC "
+                                    "(the window doubles from 4 up to this); 0 or 1: one transaction per RPC.")
     rpc_timeout: float = key(10.0, "Seconds to wait for one RPC answer (transaction data, high-water mark).")
     reconnect_delay: float = key(1.0, "Seconds before a stream connection that could not be opened is tried again.")
     num_consumer_threads: int = key(10, "WaltzClient (sync) threads running apply callbacks; partitions are sharded over them.")

@@ -112,3 +112,41 @@ async def test_server_restart_under_load_loses_no_acknowledged_transaction(clust
         assert all(c.events[-2:] == [("completion", True), "application"] for c in ctxs)
     finally:
         await asyncio.to_thread(client.close)
+
+
+async def test_a_slow_application_holds_the_feed_back_without_losing_or_reordering(cluster, apps, monkeypatch) -> None:
+    """The per-partition feed queue is bounded: while apply_transaction is stuck, the stream reader
+    stops at the bound (back pressure to the server); once it resumes every record arrives, in order."""
+    from waltz_core.client import core
+
+    monkeypatch.setattr(core, "FEED_QUEUE", 8)
+    config = cluster.spec.client_config()
+    writer = apps.AsyncCounterApp()
+    async with AsyncWaltzClient(writer, config) as client:
+        for i in range(60):
+            await client.submit(apps.Increment(writer, f"k{i % 2}", 0))
+        await client.flush()
+
+    gate = asyncio.Event()
+    seen: list[int] = []
+    longest = 0
+
+    class Stuck(apps.CounterApp):
+        async def apply_transaction(self, txn) -> None:
+            nonlocal longest
+            await gate.wait()
+            longest = max(longest, len(reader._partitions[txn.partition_id].feed))
+            seen.append(txn.transaction_id) if txn.partition_id == 0 else None
+
+    reader = AsyncWaltzClient(Stuck(), config)
+    async with reader:
+        await asyncio.sleep(1.0)  # the feed of 60 arrives; the reader must stop at the bound
+        queued = len(reader._partitions[0].feed)
+        assert 1 <= queued <= core.FEED_QUEUE
+        gate.set()
+        for _ in range(200):  # flush() covers only what was received; the rest is still arriving
+            if len(seen) == 60:
+                break
+            await asyncio.sleep(0.05)
+    assert seen == list(range(60))
+    assert longest <= core.FEED_QUEUE

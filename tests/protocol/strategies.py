@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from waltz_core.protocol import admin, client, storage
 from waltz_core.protocol.handshake import Hello
-from waltz_core.protocol.wire import Record, RecordHeader, ReqId, SessionInfo, crc32
+from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, ReqId, SessionInfo, crc32
 
 i8 = st.integers(-(2**7), 2**7 - 1)
 i32 = st.integers(-(2**31), 2**31 - 1)
@@ -40,6 +40,15 @@ record_lists = st.lists(records(), max_size=5).map(tuple)
 
 
 @st.composite
+def record_batches(draw: st.DrawFn, *, valid_checksums: bool = True) -> RecordBatch:
+    """A batch of records with contiguous ids (what storages store and send)."""
+    first = draw(st.integers(-(2**63), 2**63 - 6))
+    body = draw(st.lists(records(valid_checksum=valid_checksums), max_size=5))
+    return RecordBatch.from_records([Record(first + i, r.req_id, r.header, r.data, r.checksum)
+                                     for i, r in enumerate(body)])
+
+
+@st.composite
 def append_requests(draw: st.DrawFn) -> client.AppendRequest:
     payload = draw(data)
     return client.AppendRequest(draw(req_ids), draw(i64), draw(int_arrays), draw(int_arrays), draw(int_arrays),
@@ -55,6 +64,16 @@ def transaction_data_responses(draw: st.DrawFn) -> client.TransactionDataRespons
         # The client verifies this checksum itself (it re-fetches on mismatch), so any u32 is legal.
         return client.TransactionDataResponse(q, txn, payload, draw(st.one_of(st.just(crc32(payload)), u32)), None)
     return client.TransactionDataResponse(q, txn, None, 0, draw(text))
+
+
+@st.composite
+def transaction_data_range_responses(draw: st.DrawFn) -> client.TransactionDataRangeResponse:
+    # Any number of transactions (the client verifies each checksum, so any u32 is legal), with or
+    # without the error that says why the range stopped early.
+    payloads = tuple(draw(st.lists(data, max_size=5)))
+    checksums = tuple(draw(st.one_of(st.just(crc32(p)), u32)) for p in payloads)
+    return client.TransactionDataRangeResponse(draw(req_ids), draw(i64), payloads, checksums,
+                                               draw(st.none() | text))
 
 
 hellos = st.builds(Hello, st.binary(min_size=1, max_size=1), st.lists(st.integers(0, 2**16 - 1), min_size=1,
@@ -87,6 +106,8 @@ CLIENT: dict[type, st.SearchStrategy[Any]] = {
     _c.ServerPartitionsHealthStatRequest: st.builds(_c.ServerPartitionsHealthStatRequest, req_ids),
     _c.ServerPartitionsHealthStatResponse: st.builds(
         _c.ServerPartitionsHealthStatResponse, req_ids, st.lists(st.tuples(i32, flags), max_size=8).map(tuple)),
+    _c.TransactionDataRangeRequest: st.builds(_c.TransactionDataRangeRequest, req_ids, i64, i32, i32),
+    _c.TransactionDataRangeResponse: transaction_data_range_responses(),
 }
 
 _s = storage
@@ -97,7 +118,9 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
     _s.LastSessionInfoResponse: st.builds(_s.LastSessionInfoResponse, *_head, session_infos),
     _s.SetLowWaterMarkRequest: st.builds(_s.SetLowWaterMarkRequest, *_head, i64, flags),
     _s.TruncateRequest: st.builds(_s.TruncateRequest, *_head, i64, flags),
-    _s.StorageAppendRequest: st.builds(_s.StorageAppendRequest, *_head, record_lists, flags),
+    # Any records: the codec checks only the batch head, the storage node validates the records.
+    _s.StorageAppendRequest: st.builds(_s.StorageAppendRequest, *_head,
+                                       record_batches(valid_checksums=False) | record_lists, flags),
     _s.SuccessResponse: st.builds(_s.SuccessResponse, *_head),
     _s.FailureResponse: st.builds(_s.FailureResponse, *_head, text, text),
     _s.RecordHeaderRequest: st.builds(_s.RecordHeaderRequest, *_head, i64),
@@ -110,7 +133,7 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
     _s.RecordHeaderListResponse: st.builds(
         _s.RecordHeaderListResponse, *_head, st.lists(record_headers, max_size=6).map(tuple)),
     _s.RecordListRequest: st.builds(_s.RecordListRequest, *_head, i64, i32),
-    _s.RecordListResponse: st.builds(_s.RecordListResponse, *_head, record_lists),
+    _s.RecordListResponse: st.builds(_s.RecordListResponse, *_head, record_batches()),
 }
 
 _a = admin
@@ -140,8 +163,8 @@ def messages_of(family: Any) -> st.SearchStrategy[Any]:
     return st.one_of(*BY_FAMILY[family].values())
 
 
-__all__ = ["ADMIN", "BY_FAMILY", "CLIENT", "STORAGE", "hellos", "messages_of", "record_headers", "records",
-           "req_ids", "session_infos"]
+__all__ = ["ADMIN", "BY_FAMILY", "CLIENT", "STORAGE", "hellos", "messages_of", "record_batches", "record_headers",
+           "records", "req_ids", "session_infos"]
 
 
 # ------------------------------------------------------------------ deterministic samples
@@ -149,15 +172,17 @@ __all__ = ["ADMIN", "BY_FAMILY", "CLIENT", "STORAGE", "hellos", "messages_of", "
 # (Hypothesis' find() shrinks far too slowly for that).
 
 _SAMPLE_RECORD = Record(7, ReqId(1, 2, 3, 4), 5, b"abcdef", crc32(b"abcdef"))
+_SAMPLE_BATCH = RecordBatch.from_records([_SAMPLE_RECORD, Record(8, ReqId(1, 2, 3, 5), 6, b"gh", crc32(b"gh"))])
 _SAMPLE_HEADER = RecordHeader(7, ReqId(1, 2, 3, 4), 5)
 _SAMPLE_BY_TYPE: dict[Any, Any] = {
     int: 7, bool: True, bytes: b"abcdef", str: "h\u00e9llo", ReqId: ReqId(1, 2, 3, 4),
     SessionInfo: SessionInfo(9, 3, 2), client.PartitionState: client.PartitionState.CLIENT_AHEAD,
     tuple[int, ...]: (1, 2, 3), tuple[Record, ...]: (_SAMPLE_RECORD, _SAMPLE_RECORD),
     tuple[RecordHeader, ...]: (_SAMPLE_HEADER, _SAMPLE_HEADER), Record | None: _SAMPLE_RECORD,
-    RecordHeader | None: _SAMPLE_HEADER, bytes | None: b"abcdef", str | None: None,
+    RecordHeader | None: _SAMPLE_HEADER, bytes | None: b"abcdef", str | None: None, RecordBatch: _SAMPLE_BATCH,
     tuple[tuple[str, bool], ...]: (("h:1", True), ("h:2", False)),
     tuple[tuple[int, bool], ...]: ((1, True), (2, False)),
+    tuple[bytes, ...]: (b"abc", b"", b"defgh"),  # as many as the tuple[int, ...] sample (range checksums)
 }
 
 
@@ -180,6 +205,9 @@ def sample_messages(family: Any) -> list[Any]:
         out.append(cls(**kwargs))
     if family is client:
         out.append(client.TransactionDataResponse(ReqId(1, 2, 3, 4), 7, None, 0, "storage failed"))
+        out.append(client.TransactionDataRangeResponse(ReqId(1, 2, 3, 4), 7, (), (), "not committed"))
+        out.append(client.TransactionDataRangeResponse(ReqId(1, 2, 3, 4), 7, (b"ab",), (crc32(b"ab"),),
+                                                       "storage read failed"))
     if family is storage:
         out += [storage.RecordResponse(1, 2, 3, None), storage.RecordHeaderResponse(1, 2, 3, None)]
     return out

@@ -248,6 +248,12 @@ class Transaction:
     (up to ``client.data_fetch_attempts`` attempts on a mismatch) and retry RPC failures with
     backoff (10 ms doubling to 5 s) until ``client.data_fetch_timeout``. The bytes are cached on
     the object.
+
+    Fetching transactions of a partition in order (as ``apply_transaction`` sees them) turns on
+    the client's read-ahead: it fetches ranges of following transactions in one RPC each
+    (up to ``client.data_read_ahead``) and keeps them briefly, so most fetches do not wait for
+    an RPC at all (:mod:`waltz_core.client.readahead`). Other access patterns fetch one
+    transaction per RPC.
     """
 
     __slots__ = ("partition_id", "transaction_id", "header", "req_id", "_client", "_data")
@@ -267,9 +273,14 @@ class Transaction:
     async def fetch_data(self, serializer: Serializer[Any] | None = None) -> Any:
         """The data, deserialized (raw bytes without a serializer). Runs on the client's loop."""
         if self._data is None:
-            if self._client is None:
+            client = self._client
+            if client is None:
                 raise ClientError("this transaction is not bound to a client")
-            self._data = await self._client._fetch_data(self.partition_id, self.transaction_id)
+            reader = client._data_reader
+            data = reader.take(self.partition_id, self.transaction_id)  # read ahead already: no coroutine
+            if data is None:
+                data = await reader.read(self.partition_id, self.transaction_id)
+            self._data = data
         return self._data if serializer is None else serializer.deserialize(self._data)
 
     def get_data(self, serializer: Serializer[Any] | None = None) -> Any:
@@ -288,8 +299,12 @@ class Transaction:
             if running is loop or threading.get_ident() == client._loop_thread_id:
                 raise ClientError("Transaction.get_data() would block the client's event loop: "
                                   "use 'await transaction.fetch_data()' there")
-            self._data = asyncio.run_coroutine_threadsafe(
-                client._fetch_data(self.partition_id, self.transaction_id), loop).result()
+            reader = client._data_reader
+            data = reader.take(self.partition_id, self.transaction_id)  # read ahead already: no hop to the loop
+            if data is None:
+                data = asyncio.run_coroutine_threadsafe(reader.read(self.partition_id, self.transaction_id),
+                                                        loop).result()
+            self._data = data
         return self._data if serializer is None else serializer.deserialize(self._data)
 
 

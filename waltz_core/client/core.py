@@ -30,13 +30,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ..config import ClientProcessConfig
 from ..coordination.recipes import PartitionOwner
 from ..errors import (
-    ChecksumError,
     ClientAheadError,
     ClientClosedError,
     ClientError,
@@ -46,12 +46,13 @@ from ..errors import (
 )
 from ..plugins import Registries, core_version
 from ..protocol import client as m
-from ..protocol.wire import ReqId, crc32
+from ..protocol.wire import ReqId
 from ..transport import is_plaintext, open_transport
 from .api import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from .discovery import CoordinationDiscovery, Discovery
 from .link import ServerLink
 from .monitor import LockWaits, PendingAppend, TransactionMonitor
+from .readahead import DataReader
 
 log = logging.getLogger("waltz.client")
 
@@ -98,14 +99,9 @@ class _Own:
         self.completed = False
 
 
-class _FeedItem:
-    __slots__ = ("transaction_id", "header", "req_id", "own")
-
-    def __init__(self, transaction_id: int, header: int, req_id: ReqId, own: _Own | None) -> None:
-        self.transaction_id = transaction_id
-        self.header = header
-        self.req_id = req_id
-        self.own = own
+#: A feed record waiting to be applied: (transaction id, header, req id, own transaction or None).
+#: A plain tuple: one is made per transaction on the hot path.
+_FeedItem = tuple[int, int, ReqId, "_Own | None"]
 
 
 class _Partition:
@@ -127,8 +123,10 @@ class _Partition:
         self.monitor = TransactionMonitor()
         self.lock_waits = LockWaits()
         self.inflight = 0
-        self.slot_freed = asyncio.Event()
-        self.queue: asyncio.Queue[_FeedItem] = asyncio.Queue(FEED_QUEUE)
+        self.slot_waiters: list[asyncio.Future[None]] = []  #: submitters waiting for an in-flight slot
+        self.feed: deque[_FeedItem] = deque()  #: received, not yet applied (at most FEED_QUEUE)
+        self.feed_ready: asyncio.Future[None] | None = None  #: the apply task waits here while feed is empty
+        self.feed_space: asyncio.Future[None] | None = None  #: the stream reader waits here while feed is full
         self.consumer: asyncio.Task[None] | None = None
         self.own: dict[int, _Own] = {}
         self.flushes: dict[int, asyncio.Future[None]] = {}
@@ -140,9 +138,48 @@ class _Partition:
 
     def release_slot(self) -> None:
         self.inflight -= 1
-        ev = self.slot_freed
-        self.slot_freed = asyncio.Event()
-        ev.set()
+        if self.slot_waiters:
+            self.wake_slot_waiters()
+
+    def wake_slot_waiters(self) -> None:
+        waiters, self.slot_waiters = self.slot_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def push_feed(self, item: _FeedItem) -> asyncio.Future[None] | None:
+        """Queue a feed record for the apply task; a future to await when the queue is full."""
+        feed = self.feed
+        feed.append(item)
+        waiter = self.feed_ready
+        if waiter is not None:
+            self.feed_ready = None
+            if not waiter.done():
+                waiter.set_result(None)
+        if len(feed) >= FEED_QUEUE:
+            if self.feed_space is None or self.feed_space.done():
+                self.feed_space = asyncio.get_running_loop().create_future()
+            return self.feed_space
+        return None
+
+    def take_feed(self, max_count: int) -> list[_FeedItem]:
+        """Up to ``max_count`` queued feed records, oldest first; wakes a reader waiting for room."""
+        feed = self.feed
+        popleft = feed.popleft
+        batch = [popleft() for _ in range(min(len(feed), max_count))]
+        self.release_feed_space()
+        return batch
+
+    def clear_feed(self) -> None:
+        self.feed.clear()
+        self.release_feed_space()
+
+    def release_feed_space(self) -> None:
+        space = self.feed_space
+        if space is not None and len(self.feed) < FEED_QUEUE:
+            self.feed_space = None
+            if not space.done():
+                space.set_result(None)
 
 
 class AsyncWaltzClient:
@@ -185,6 +222,7 @@ class AsyncWaltzClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id: int | None = None
         self._transport: Any = None
+        self._data_reader = DataReader(self)  #: data fetches: ranges and the sequential read-ahead
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -226,7 +264,7 @@ class AsyncWaltzClient:
             unknown.extend(e.context for e in p.monitor.fail_all())
             unknown.extend(e.context for e in p.lock_waits.drain())
             p.ready.set()
-            p.slot_freed.set()
+            p.wake_slot_waiters()
             if p.mount_retry is not None:
                 p.mount_retry.cancel()
         assert self._retry_queue is not None
@@ -304,7 +342,9 @@ class AsyncWaltzClient:
         if p.consumer is not None:
             p.consumer.cancel()
             await asyncio.gather(p.consumer, return_exceptions=True)
+        p.clear_feed()  # a stream reader waiting for room must not wait for a consumer that is gone
         self._unbind(p)
+        self._data_reader.forget(p.id)
 
     # ---------------------------------------------------------------------- assignment / mount
 
@@ -329,7 +369,7 @@ class AsyncWaltzClient:
                               connect_timeout=cfg.transport.connect_timeout,
                               reconnect_delay=cfg.client.reconnect_delay,
                               next_net_seq=lambda: next(self._net_seq), on_connected=self._on_link_connected,
-                              on_message=self._on_stream, on_lost=self._on_link_lost)
+                              on_message=self._on_stream, on_lost=self._on_link_lost, on_feed=self._on_feed_fields)
             self._links[endpoint] = link
         return link
 
@@ -417,22 +457,35 @@ class AsyncWaltzClient:
             log.warning("client %d: unexpected %s on the stream from %s", self._client_id, t.__name__, link.endpoint)
 
     async def _on_feed(self, p: _Partition, msg: m.FeedData) -> None:
-        tid = msg.transaction_id
         q = msg.req_id
+        waiting = self._on_feed_fields(None, (q.client_id, q.generation, q.partition_id, q.seq_num,
+                                              msg.transaction_id, msg.header))
+        if waiting is not None:
+            await waiting
+
+    def _on_feed_fields(self, link: ServerLink | None, fields: tuple[int, int, int, int, int, int]
+                        ) -> asyncio.Future[None] | None:
+        """One feed record (the stream reader's fast path, no message object); returns a future
+        to await when the partition's feed queue is full."""
+        client_id, generation, pid, seq, tid, header = fields
+        p = self._partitions.get(pid)
+        if p is None or p.state == "inactive":
+            return None
         own = None
-        if q.client_id == self._client_id:
-            entry, failed = p.monitor.on_feed(q.seq_num)
+        if client_id == self._client_id:
+            entry, failed = p.monitor.on_feed(seq)
             if entry is not None:
                 own = p.own[tid] = _Own(entry.context)
                 p.release_slot()
-            self._fail(p, failed)
+            if failed:
+                self._fail(p, failed)
             if own is None:
                 own = p.own.get(tid)
         if tid > p.received:
             p.received = tid
             if p.flush_targets:
                 self._check_flushes(p)
-        await p.queue.put(_FeedItem(tid, msg.header, q, own))
+        return p.push_feed((tid, header, ReqId(client_id, generation, pid, seq), own))
 
     def _on_mount_response(self, p: _Partition, msg: m.MountResponse) -> None:
         if msg.req_id != p.mount_req:
@@ -555,8 +608,10 @@ class AsyncWaltzClient:
             if p.inflight < self._cap:
                 p.inflight += 1
                 return p
+            slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            p.slot_waiters.append(slot)
             try:
-                await asyncio.wait_for(p.slot_freed.wait(), SLOT_WAIT)
+                await asyncio.wait_for(slot, SLOT_WAIT)
             except TimeoutError:
                 if not p.flushes:  # original: after 10 s the client flushes and tries again
                     self._send_flush(p)
@@ -570,9 +625,9 @@ class AsyncWaltzClient:
         seq = p.next_seq()
         p.monitor.register(seq, ctx, attempts, time.monotonic())
         if p.link is not None:
-            p.link.post(m.AppendRequest(ReqId(self._client_id, p.generation, p.id, seq), builder.client_high_water_mark,
-                                        builder.write_locks, builder.read_locks, builder.append_locks, builder.header,
-                                        builder.data, builder.checksum))
+            p.link.post_frame(m.encode_append(self._client_id, p.generation, p.id, seq, builder.client_high_water_mark,
+                                              builder.write_locks, builder.read_locks, builder.append_locks,
+                                              builder.header, builder.data, builder.checksum))
 
     def _partition_of(self, ctx: TransactionContext) -> int:
         pid = ctx.partition_id(self._num_partitions)
@@ -594,10 +649,19 @@ class AsyncWaltzClient:
             await self._dispatch.call_retry(context.on_expiration)
             return
         pid = self._partition_of(context)
-        p = await self._acquire(pid, self.config.client.mount_timeout)
+        p = self._partitions.get(pid)  # type: ignore[assignment]
+        if p is not None and p.state == "ready" and p.inflight < self._cap and p.ready.is_set():
+            p.inflight += 1  # _acquire's answer when the partition is mounted and has a free slot
+        else:
+            p = await self._acquire(pid, self.config.client.mount_timeout)
         builder = TransactionBuilder(pid, p.hwm)
         try:
-            ok = await self._dispatch.call_retry(context.execute, builder)
+            if self._dispatch.threaded:
+                ok = await self._dispatch.call_retry(context.execute, builder)
+            else:
+                ok = context.execute(builder)
+                if _awaitable(ok):
+                    ok = await ok
         except BaseException as exc:
             p.release_slot()
             if isinstance(exc, Exception):
@@ -654,11 +718,13 @@ class AsyncWaltzClient:
 
     async def _consume(self, p: _Partition) -> None:
         """The partition's apply task: strictly in order, ids other than hwm + 1 ignored."""
-        queue = p.queue
+        loop = asyncio.get_running_loop()
         while True:
-            batch = [await queue.get()]
-            while len(batch) < APPLY_BATCH and not queue.empty():
-                batch.append(queue.get_nowait())
+            if not p.feed:
+                p.feed_ready = waiter = loop.create_future()
+                await waiter
+                continue
+            batch = p.take_feed(APPLY_BATCH)
             if self._dispatch.threaded:
                 failure = await self._dispatch.call(p.id, self._apply_batch_sync, p, batch)
             else:
@@ -673,16 +739,20 @@ class AsyncWaltzClient:
                 p.apply_failures = 0
 
     async def _apply_batch_async(self, p: _Partition, batch: list[_FeedItem]) -> BaseException | None:
+        # Callbacks are called inline (this path runs only with the inline dispatcher), not through
+        # _safe_retry_call: two coroutine layers per callback were a visible cost per transaction.
         apply = self.callbacks.apply_transaction
-        for item in batch:
-            tid = item.transaction_id
+        for tid, header, req_id, own in batch:
             if tid != p.hwm + 1:
                 continue
-            own = item.own or p.own.get(tid)
+            if own is None:
+                own = p.own.get(tid)
             if own is not None and not own.completed:
                 own.completed = True
-                await self._safe_retry_call(own.context.on_completion, True)
-            txn = Transaction(p.id, tid, item.header, item.req_id, self)
+                pending = _call_logged(own.context.on_completion, True)
+                if pending is not None:
+                    await _await_logged(pending, own.context.on_completion)
+            txn = Transaction(p.id, tid, header, req_id, self)
             try:
                 result = apply(txn)
                 if _awaitable(result):
@@ -695,21 +765,23 @@ class AsyncWaltzClient:
             p.hwm = tid
             if own is not None:
                 p.own.pop(tid, None)
-                await self._safe_retry_call(own.context.on_application)
+                pending = _call_logged(own.context.on_application)
+                if pending is not None:
+                    await _await_logged(pending, own.context.on_application)
         return None
 
     def _apply_batch_sync(self, p: _Partition, batch: list[_FeedItem]) -> BaseException | None:
         """The same on a consumer thread of the sync client."""
         apply = self.callbacks.apply_transaction
-        for item in batch:
-            tid = item.transaction_id
+        for tid, header, req_id, own in batch:
             if tid != p.hwm + 1:
                 continue
-            own = item.own or p.own.get(tid)
+            if own is None:
+                own = p.own.get(tid)
             if own is not None and not own.completed:
                 own.completed = True
                 _safe(own.context.on_completion, True)
-            txn = Transaction(p.id, tid, item.header, item.req_id, self)
+            txn = Transaction(p.id, tid, header, req_id, self)
             try:
                 apply(txn)
             except Exception as exc:
@@ -725,8 +797,7 @@ class AsyncWaltzClient:
 
     async def _after_apply_failure(self, p: _Partition) -> None:
         """Drop what is queued and re-mount from the client high-water mark (redelivery)."""
-        while not p.queue.empty():
-            p.queue.get_nowait()
+        p.clear_feed()
         # p.received stays: flush() waits until the redelivered transactions are applied
         p.apply_failures += 1
         delay = min(0.05 * 2 ** (p.apply_failures - 1), 5.0)
@@ -806,35 +877,23 @@ class AsyncWaltzClient:
         req = ReqId(self._client_id, owner.generation, partition_id, next(self._rpc_seq) & _SEQ_MASK)
         return await link.rpc(make(req), self.config.client.rpc_timeout)
 
+    async def fetch_data_range(self, partition_id: int, first: int, count: int) -> list[bytes]:
+        """The data of transactions ``first .. first + count - 1`` of a partition, in order, in as
+        few RPCs as the server allows (it caps each answer at 1024 transactions and a few MB).
+
+        Every transaction's CRC-32 is checked (``client.data_fetch_attempts`` attempts on a
+        mismatch); RPC failures, and transactions not committed yet, are retried with backoff
+        (10 ms doubling to 5 s) until ``client.data_fetch_timeout`` per RPC, then
+        ClientTimeoutError. A server speaking only protocol version 1 is asked one transaction
+        per RPC. ``Transaction.fetch_data`` uses ranges by itself for sequential readers.
+        """
+        return await self._data_reader.fetch_range(partition_id, first, count)
+
     async def _fetch_data(self, partition_id: int, transaction_id: int) -> bytes:
-        """Transaction data by RPC: CRC checked (``data_fetch_attempts`` attempts on a mismatch),
-        RPC failures retried with backoff 10 ms -> 5 s until ``data_fetch_timeout``."""
-        cfg = self.config.client
-        deadline = time.monotonic() + cfg.data_fetch_timeout
-        backoff = 0.01
-        bad = 0
-        while True:
-            try:
-                resp = await self._rpc(partition_id, lambda q: m.TransactionDataRequest(q, transaction_id))
-                if resp.data is not None:
-                    if crc32(resp.data) == resp.checksum:
-                        return resp.data
-                    bad += 1
-                    log.warning("client %d: transaction %d of partition %d: data checksum mismatch (attempt %d)",
-                                self._client_id, transaction_id, partition_id, bad)
-                    if bad >= cfg.data_fetch_attempts:
-                        raise ChecksumError(f"transaction {transaction_id} of partition {partition_id}: data checksum "
-                                            f"mismatch in {bad} attempts")
-                    continue
-                error: Exception = ClientError(resp.error or "data fetch failed")
-            except (TransportError, TimeoutError, ClientTimeoutError) as exc:
-                error = exc
-            self._check_open()
-            if time.monotonic() > deadline:
-                raise ClientTimeoutError(f"transaction {transaction_id} of partition {partition_id}: "
-                                         f"data not fetched within {cfg.data_fetch_timeout}s: {error}") from None
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+        """One transaction's data by RPC: CRC checked (``data_fetch_attempts`` attempts on a mismatch),
+        RPC failures retried with backoff 10 ms -> 5 s until ``data_fetch_timeout`` (the range
+        fetch's retry loop, asking for one transaction)."""
+        return (await self._data_reader.fetch_range_once(partition_id, transaction_id, 1, 1))[0]
 
     # ----------------------------------------------------------------------------- helpers
 
@@ -872,6 +931,24 @@ class AsyncWaltzClient:
             await self._dispatch.call_retry(fn, *args)
         except Exception:
             log.exception("client %d: %s raised", self._client_id, getattr(fn, "__qualname__", fn))
+
+
+def _call_logged(fn: Callable[..., Any], *args: Any) -> Awaitable[Any] | None:
+    """Call an application callback on the loop; its exception is logged. Returns the awaitable
+    an ``async def`` callback gave (for :func:`_await_logged`), else None."""
+    try:
+        result = fn(*args)
+    except Exception:
+        log.exception("%s raised", getattr(fn, "__qualname__", fn))
+        return None
+    return result if _awaitable(result) else None
+
+
+async def _await_logged(pending: Awaitable[Any], fn: Callable[..., Any]) -> None:
+    try:
+        await pending
+    except Exception:
+        log.exception("%s raised", getattr(fn, "__qualname__", fn))
 
 
 def _safe(fn: Callable[..., Any], *args: Any) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import ClientClosedError, ConnectionClosedError, ProtocolError, TransportError, WaltzError
 from ..protocol import CLIENT
+from ..protocol.client import unpack_feed_data
 from ..protocol.wire import ReqId
 from ..transport import MessageChannel
 from ..transport.base import Transport
@@ -34,7 +35,9 @@ class ServerLink:
                  reconnect_delay: float, next_net_seq: Callable[[], int],
                  on_connected: Callable[[ServerLink], None],
                  on_message: Callable[[ServerLink, Any], Awaitable[None]],
-                 on_lost: Callable[[ServerLink], None]) -> None:
+                 on_lost: Callable[[ServerLink], None],
+                 on_feed: Callable[[ServerLink, tuple[int, int, int, int, int, int]], Awaitable[None] | None]
+                 | None = None) -> None:
         self.endpoint = endpoint
         self.partitions: set[int] = set()
         self.net_seq = 0  #: sequence number of the current stream network client
@@ -46,6 +49,7 @@ class ServerLink:
         self._on_connected = on_connected
         self._on_message = on_message
         self._on_lost = on_lost
+        self._on_feed = on_feed
         self._encode = CLIENT.encode
         self._stream: MessageChannel | None = None
         self._out: list[bytes] = []
@@ -77,6 +81,14 @@ class ServerLink:
         self._wakeup.set()
         return True
 
+    def post_frame(self, payload: bytes) -> bool:
+        """Queue an already-encoded stream message; False (dropped) while disconnected."""
+        if self._stream is None:
+            return False
+        self._out.append(payload)
+        self._wakeup.set()
+        return True
+
     def reset_stream(self) -> None:
         """Close the current stream network client; a new one connects and re-mounts."""
         if self._stream is not None:
@@ -100,9 +112,19 @@ class ServerLink:
             writer = asyncio.get_running_loop().create_task(self._write_loop(channel))
             try:
                 self._on_connected(self)
+                recv, decode = channel.conn.recv, channel.family.decode
+                on_feed, on_message = self._on_feed, self._on_message
                 while True:
-                    msg = await channel.recv()
-                    await self._on_message(self, msg)
+                    frame = await recv()
+                    # Feed records are most of the stream: their fields go to on_feed without
+                    # message objects; it returns an awaitable only when its queue is full.
+                    fields = unpack_feed_data(frame) if on_feed is not None else None
+                    if fields is not None:
+                        waiting = on_feed(self, fields)  # type: ignore[misc]
+                        if waiting is not None:
+                            await waiting
+                    else:
+                        await on_message(self, decode(frame))
             except ConnectionClosedError:
                 log.info("stream connection to %s closed", self.endpoint)
             except (ProtocolError, TransportError) as exc:
@@ -144,6 +166,13 @@ class ServerLink:
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._rpc_waiters.pop(msg.req_id, None)
+
+    async def rpc_version(self) -> int:
+        """The protocol version negotiated on the RPC connection (opened if needed): what the
+        server understands. Raises like :meth:`rpc`."""
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        return (await self._rpc_channel()).version
 
     async def _rpc_channel(self) -> MessageChannel:
         async with self._rpc_lock:

@@ -78,6 +78,9 @@ class TransactionMonitor:
     def fail_before(self, seq: int) -> list[PendingAppend]:
         """Remove and return every entry registered before ``seq`` (they can no longer commit)."""
         pending = self._pending
+        oldest = next(iter(pending), None)
+        if oldest is None or oldest >= seq:
+            return []  # the usual case: appends commit in the order they were sent
         failed = []
         for key in list(pending):
             if key >= seq:

@@ -191,6 +191,11 @@ class WaltzClient:
         """The server's committed high-water mark of a partition (RPC)."""
         return self._run(self._core.high_water_mark(partition_id))
 
+    def fetch_data_range(self, partition_id: int, first: int, count: int) -> list[bytes]:
+        """The data of transactions ``first .. first + count - 1`` of a partition (see
+        AsyncWaltzClient.fetch_data_range); may be called from apply callbacks."""
+        return self._run(self._core.fetch_data_range(partition_id, first, count))
+
     def wait_mounted(self, timeout: float | None = None) -> None:
         self._run(self._core.wait_mounted(timeout))
 

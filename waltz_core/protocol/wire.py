@@ -11,7 +11,10 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
-from typing import Final
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from typing import Final, overload
 
 import attrs
 
@@ -26,6 +29,14 @@ UUID: Final = struct.Struct(">16s")
 #: transaction id, req id (4 ints), header, data length
 RECORD_HEAD: Final = struct.Struct(">qiiiiii")
 RECORD_HEADER: Final = struct.Struct(">qiiiii")  # transaction id, req id, header
+#: The stored record layout (what the segmented layout keeps on disk, see storage/format.py):
+#: transaction id, req id (4 ints), header, data length, data checksum; then the data; then the
+#: record checksum = CRC-32 of the 36-byte head and the data.
+STORED_RECORD_HEAD: Final = struct.Struct(">qiiiiiiI")
+STORED_RECORD_OVERHEAD: Final = STORED_RECORD_HEAD.size + 4
+#: record count, first transaction id, byte length: the head of a record batch on the wire
+RECORD_BATCH_HEAD: Final = struct.Struct(">iqi")
+_STORED_TXN_LENGTH_CRC: Final = struct.Struct(">q20xiI")  # transaction id, data length, data checksum
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -71,6 +82,180 @@ class Record:
     def verify(self) -> None:
         if crc32(self.data) != self.checksum:
             raise ChecksumError(f"transaction {self.transaction_id}: data checksum mismatch")
+
+
+def encode_stored_record(transaction_id: int, req_id: ReqId, header: int, data: bytes, checksum: int) -> bytes:
+    """One record in the stored layout, record checksum included (the server encodes each record once)."""
+    try:
+        head = STORED_RECORD_HEAD.pack(transaction_id, req_id.client_id, req_id.generation, req_id.partition_id,
+                                       req_id.seq_num, header, len(data), checksum)
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode record {transaction_id}: {exc}") from None
+    return b"".join((head, data, U32.pack(zlib.crc32(data, zlib.crc32(head)))))
+
+
+def _walk_batch(buf: bytes | memoryview, count: int, first_transaction_id: int, offsets: array, base: int,
+                verify: bool) -> None:
+    """Append ``base + offset`` of each record of ``buf`` to ``offsets``; ProtocolError if malformed.
+
+    Checks bounds, lengths, transaction ids ``first, first + 1, ...`` and that exactly ``count``
+    records fill ``buf``; with ``verify`` also each record checksum and data checksum. One pass,
+    no per-record objects: this is the storage node's whole per-record cost of an append.
+    """
+    buf = memoryview(buf)  # record slices below are views, never copies
+    end = len(buf)
+    pos = 0
+    unpack = _STORED_TXN_LENGTH_CRC.unpack_from
+    unpack_u32 = U32.unpack_from
+    crc = zlib.crc32
+    add = offsets.append
+    head = STORED_RECORD_HEAD.size
+    overhead = STORED_RECORD_OVERHEAD
+    expected = first_transaction_id
+    for i in range(count):
+        if end - pos < overhead:
+            raise ProtocolError(f"record batch: record {i} of {count} is truncated: {end - pos} bytes left at byte {pos}")
+        txn, length, data_checksum = unpack(buf, pos)
+        if txn != expected:
+            raise ProtocolError(f"record batch: record {i} has transaction id {txn}, expected {expected} "
+                                f"(ids are contiguous from {first_transaction_id})")
+        data_end = pos + head + length
+        if length < 0 or data_end + 4 > end:
+            raise ProtocolError(f"record batch: record {txn} claims {length} data bytes, {end - pos - overhead} left")
+        if verify:
+            if crc(buf[pos:data_end]) != unpack_u32(buf, data_end)[0]:
+                raise ProtocolError(f"record batch: record {txn} fails its record checksum (corrupted in transit)")
+            if crc(buf[pos + head : data_end]) != data_checksum:
+                raise ChecksumError(f"transaction {txn}: data checksum does not match its data")
+        add(base + pos)
+        pos = data_end + 4
+        expected += 1
+    if pos != end:
+        raise ProtocolError(f"record batch: {end - pos} bytes after its {count} records")
+
+
+class RecordBatch(Sequence[Record]):
+    """Consecutive records in the stored layout, as one buffer: what storage appends and record lists carry.
+
+    The server encodes each record once (:func:`encode_stored_record`) and sends the same bytes
+    to every replica; the storage node checks them with :meth:`validate_into` and writes them as
+    they are. As a sequence it decodes :class:`Record` objects on demand, for the slow paths
+    (recovery, catch-up, tools, tests); compared with a list or tuple it compares its records.
+    """
+
+    __slots__ = ("data", "first_transaction_id", "_count", "_offsets")
+
+    def __init__(self, data: bytes | memoryview, count: int, first_transaction_id: int,
+                 offsets: array | None = None) -> None:
+        self.data = data
+        self.first_transaction_id = first_transaction_id
+        self._count = count
+        self._offsets = offsets  #: record starts in ``data``; None until needed
+
+    @classmethod
+    def from_records(cls, records: Iterable[Record]) -> RecordBatch:
+        """Encode records (ids are taken as they are: a storage node refuses gaps)."""
+        parts: list[bytes] = []
+        offsets = array("q")
+        pos = 0
+        first = 0
+        for r in records:
+            if not parts:
+                first = r.transaction_id
+            encoded = encode_stored_record(r.transaction_id, r.req_id, r.header, r.data, r.checksum)
+            offsets.append(pos)
+            parts.append(encoded)
+            pos += len(encoded)
+        return cls(b"".join(parts), len(parts), first, offsets)
+
+    @classmethod
+    def of(cls, records: RecordBatch | Iterable[Record]) -> RecordBatch:
+        """``records`` itself if it is a batch, else its records encoded."""
+        return records if isinstance(records, RecordBatch) else cls.from_records(records)
+
+    @property
+    def last_transaction_id(self) -> int:
+        return self.first_transaction_id + self._count - 1
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    @property
+    def offsets(self) -> array:
+        """Start of each record in :attr:`data` (bounds and ids checked once; ProtocolError if malformed)."""
+        offsets = self._offsets
+        if offsets is None:
+            offsets = array("q")
+            _walk_batch(self.data, self._count, self.first_transaction_id, offsets, 0, False)
+            self._offsets = offsets
+        return offsets
+
+    def validate_into(self, offsets: array, base: int = 0) -> None:
+        """Check every record (bounds, contiguous ids, record and data checksums) and append
+        ``base + offset`` of each to ``offsets``; nothing is appended if any check fails.
+
+        ProtocolError for malformed or corrupted bytes, ChecksumError (a ProtocolError) when a
+        record's data does not match the data checksum it carries.
+        """
+        mark = len(offsets)
+        try:
+            _walk_batch(self.data, self._count, self.first_transaction_id, offsets, base, True)
+        except BaseException:
+            del offsets[mark:]
+            raise
+
+    def _record_at(self, offset: int) -> Record:
+        t, c, g, p, s, h, n, checksum = STORED_RECORD_HEAD.unpack_from(self.data, offset)
+        start = offset + STORED_RECORD_HEAD.size
+        return Record(t, ReqId(c, g, p, s), h, bytes(self.data[start : start + n]), checksum)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Record]:
+        record_at = self._record_at
+        for offset in self.offsets:
+            yield record_at(offset)
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> RecordBatch: ...
+
+    def __getitem__(self, index: int | slice) -> Record | RecordBatch:
+        offsets = self.offsets
+        n = self._count
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                raise ValueError("a record batch slices with step 1 only")
+            if stop <= start:
+                return RecordBatch(b"", 0, self.first_transaction_id + start)
+            lo = offsets[start]
+            hi = offsets[stop] if stop < n else len(self.data)
+            return RecordBatch(memoryview(self.data)[lo:hi], stop - start, self.first_transaction_id + start,
+                               array("q", [o - lo for o in islice(offsets, start, stop)]))
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"record {index} of a batch of {n}")
+        return self._record_at(offsets[index])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordBatch):
+            return (self._count == other._count and self.first_transaction_id == other.first_transaction_id
+                    and self.data == other.data)
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._count and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.first_transaction_id, self._count, bytes(self.data)))
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({self._count} records from {self.first_transaction_id}, {len(self.data)} bytes)"
 
 
 @attrs.frozen(slots=True)
@@ -191,6 +376,16 @@ class Reader:
         self.pos = pos
         return tuple(out)
 
+    def record_batch(self, field: str) -> RecordBatch:
+        """A record batch; only its head is checked here (O(1)): the bytes are a view, walked later."""
+        count, first, nbytes = self.unpack(RECORD_BATCH_HEAD, field)
+        if count < 0 or nbytes < 0:
+            raise ProtocolError(f"{self.what}: {field} has a negative count ({count}) or length ({nbytes})")
+        if count * STORED_RECORD_OVERHEAD > nbytes or (count == 0 and nbytes):
+            raise ProtocolError(f"{self.what}: {field} claims {count} records in {nbytes} bytes")
+        pos = self._need(nbytes, field)
+        return RecordBatch(memoryview(self.buf)[pos : pos + nbytes], count, first)
+
     def record_headers(self, field: str) -> tuple[RecordHeader, ...]:
         n = self.count(field, RECORD_HEADER.size)
         return tuple(self.record_header() for _ in range(n))
@@ -242,6 +437,11 @@ def w_records(out: list[bytes], records: tuple[Record, ...] | list[Record]) -> N
     out.append(I32.pack(len(records)))
     for r in records:
         w_record(out, r)
+
+
+def w_record_batch(out: list[bytes], batch: RecordBatch) -> None:
+    out.append(RECORD_BATCH_HEAD.pack(len(batch), batch.first_transaction_id, batch.nbytes))
+    out.append(batch.data)  # type: ignore[arg-type]  # joined with the rest: any bytes-like object
 
 
 def w_record_header(out: list[bytes], h: RecordHeader) -> None:

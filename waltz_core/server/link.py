@@ -90,6 +90,11 @@ class ClientLink:
         if self._inbound <= self._inbound_low:
             self._readable.set()
 
+    @property
+    def readable(self) -> bool:
+        """False while too many messages of this connection are queued in partitions."""
+        return self._readable.is_set()
+
     async def wait_readable(self) -> None:
         """Wait while too many messages of this connection are queued in partitions."""
         if not self._readable.is_set():

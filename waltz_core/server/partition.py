@@ -24,7 +24,8 @@ import attrs
 from ..config import ServerConfig
 from ..errors import WaltzError
 from ..protocol import client as m
-from ..protocol.client import encode_feed_data
+from ..protocol.client import DATA_RANGE_ITEM_OVERHEAD, encode_feed_data
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.wire import Record, RecordHeader, ReqId
 from ..metrics import Histogram
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
@@ -41,6 +42,10 @@ if UNSAFE_NO_LOCK_CHECK:
                 "on stale reads. For negative-control tests only.")
 
 FEED_BATCH = 256  # headers per feed write; bounded so one busy feed cannot starve others
+#: Caps of one TransactionDataRangeResponse, whatever the client asks for (bytes: also at most
+#: a quarter of the transport's max frame size).
+DATA_RANGE_MAX_COUNT = 1024
+DATA_RANGE_MAX_BYTES = 4 * 1024 * 1024
 
 
 class StoreSink(Protocol):
@@ -62,6 +67,10 @@ class Store(Protocol):
     def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
         """Assign the next transaction id and start replicating it; commits arrive via the sink."""
 
+    @property
+    def writable(self) -> bool:
+        """True when :meth:`wait_writable` would return at once."""
+
     async def wait_writable(self) -> None:
         """Wait while too many appends are in flight (back pressure)."""
 
@@ -71,6 +80,9 @@ class Store(Protocol):
     async def read_headers(self, first: int, max_count: int) -> list[RecordHeader]: ...
 
     async def read_record(self, transaction_id: int) -> Record | None: ...
+
+    async def read_records(self, first: int, max_count: int) -> list[Record]:
+        """Records ``first, first + 1, ...`` (at most ``max_count``, maybe fewer) in one storage read."""
 
     async def close(self) -> None: ...
 
@@ -109,16 +121,24 @@ class _Barrier:
 
 class Partition:
     def __init__(self, partition_id: int, generation: int, store: Store, lock_table_factory: Any,
-                 config: ServerConfig, commit_latency: Histogram | None = None) -> None:
+                 config: ServerConfig, commit_latency: Histogram | None = None, *,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.partition_id = partition_id
         self.generation = generation
         self.store = store
         self._lock_table_factory = lock_table_factory
         self.locks: LockTable | None = None
         self.config = config
+        # A range response must stay well under the frame size the transport accepts.
+        self._range_max_bytes = max(1, min(DATA_RANGE_MAX_BYTES, max_frame_size // 4))
         self.high_water_mark = -1
         self.ready = False
-        self._queue: asyncio.Queue[tuple[m.AppendRequest, ClientLink] | _Barrier] = asyncio.Queue(config.append_queue_size)
+        # Appends, flushes and mounts in arrival order. A deque and two futures rather than an
+        # asyncio.Queue: put/get cost a coroutine and waiter bookkeeping per append.
+        self._inbox: deque[tuple[m.AppendRequest, ClientLink] | _Barrier] = deque()
+        self._inbox_limit = max(1, config.append_queue_size)
+        self._inbox_ready: asyncio.Future[None] | None = None  #: the append task waits here when empty
+        self._inbox_space: asyncio.Future[None] | None = None  #: readers wait here when full
         self._pending: deque[_Pending] = deque()
         self._feed_cache = FeedCache(config.feed_cache_size)
         self._data_cache = DataCache(config.transaction_data_cache_size)
@@ -159,6 +179,9 @@ class Partition:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._inbox.clear()
+        if self._inbox_space is not None and not self._inbox_space.done():
+            self._inbox_space.set_result(None)  # a reader waiting for room must not wait for a closed partition
         for slot in self._clients.values():
             slot.link.post(m.FeedSuspended(ReqId(0, self.generation, self.partition_id, 0)))
         self._clients.clear()
@@ -169,21 +192,44 @@ class Partition:
 
     async def submit(self, msg: Any, link: ClientLink) -> None:
         """Called by the connection reader for a message of this partition. May wait (back pressure)."""
+        full = self.offer(msg, link)
+        if full is not None:
+            await full
+
+    def offer(self, msg: Any, link: ClientLink) -> asyncio.Future[None] | None:
+        """:meth:`submit` without a coroutine: returns a future to await while the inbox is full."""
         t = type(msg)
         if t is m.AppendRequest:
             link.inbound_added()
-            await self._queue.put((msg, link))
-        elif t is m.MountRequest or t is m.FlushRequest:
+            return self._enqueue((msg, link))
+        if t is m.MountRequest or t is m.FlushRequest:
             link.inbound_added()
-            await self._queue.put(_Barrier(msg, link))
-        elif t is m.FeedRequest:
+            return self._enqueue(_Barrier(msg, link))
+        if t is m.FeedRequest:
             self._restart_feed(msg, link)
         elif t is m.TransactionDataRequest:
             self._spawn(self._serve_data(msg, link))
+        elif t is m.TransactionDataRangeRequest:
+            self._serve_data_range(msg, link)
         elif t is m.HighWaterMarkRequest:
             link.post(m.HighWaterMarkResponse(msg.req_id, self.high_water_mark))
         else:
             log.warning("partition %d: unexpected %s from %s", self.partition_id, t.__name__, link.peer)
+        return None
+
+    def _enqueue(self, item: tuple[m.AppendRequest, ClientLink] | _Barrier) -> asyncio.Future[None] | None:
+        inbox = self._inbox
+        inbox.append(item)
+        waiter = self._inbox_ready
+        if waiter is not None:
+            self._inbox_ready = None
+            if not waiter.done():
+                waiter.set_result(None)
+        if len(inbox) < self._inbox_limit:
+            return None
+        if self._inbox_space is None or self._inbox_space.done():
+            self._inbox_space = asyncio.get_running_loop().create_future()
+        return self._inbox_space
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -200,14 +246,24 @@ class Partition:
     # ---------------------------------------------------------------------------- append task
 
     async def _append_loop(self) -> None:
-        queue = self._queue
+        inbox = self._inbox
+        loop = asyncio.get_running_loop()
         while True:
-            item = await queue.get()
+            if not inbox:
+                self._inbox_ready = waiter = loop.create_future()
+                await waiter
+                continue
+            item = inbox.popleft()
+            space = self._inbox_space
+            if space is not None and len(inbox) < self._inbox_limit:
+                self._inbox_space = None
+                if not space.done():
+                    space.set_result(None)
             (item.link if type(item) is _Barrier else item[1]).inbound_done()  # type: ignore[union-attr]
             try:
                 if type(item) is _Barrier:
-                    await self._barrier(item)
-                else:
+                    await self._barrier(item)  # type: ignore[arg-type]
+                elif not self._append_now(*item):  # type: ignore[misc]
                     await self._append(*item)  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
@@ -215,6 +271,18 @@ class Partition:
                 log.warning("partition %d: %s", self.partition_id, exc)
             except Exception:  # a bug must not kill the partition's only append task
                 log.exception("partition %d: unexpected error in the append task", self.partition_id)
+
+    def _append_now(self, req: m.AppendRequest, link: ClientLink) -> bool:
+        """The common append without awaiting: no locks and the store is writable. False when
+        :meth:`_append` must handle it (nothing was done then)."""
+        if req.write_locks or req.read_locks or req.append_locks or not self.store.writable:
+            return False
+        if self._is_current(req.req_id, link):
+            txn = self.store.append(req.req_id, req.header, req.data, req.checksum)
+            self._pending.append(_Pending(txn, req.req_id, req.header, req.data, req.checksum, NO_LOCKS,
+                                          time.monotonic()))
+            self.appends += 1
+        return True
 
     async def _append(self, req: m.AppendRequest, link: ClientLink) -> None:
         if not self._is_current(req.req_id, link):
@@ -380,6 +448,66 @@ class Partition:
             return
         link.post(m.TransactionDataResponse(msg.req_id, txn, record.data, record.checksum, None))
 
+    def _serve_data_range(self, msg: m.TransactionDataRangeRequest, link: ClientLink) -> None:
+        """Committed transactions from ``first_transaction_id`` on, capped in count and bytes: the
+        prefix the data cache holds is answered at once; the rest, if any, with one storage read."""
+        q, first = msg.req_id, msg.first_transaction_id
+        hwm = self.high_water_mark
+        error = None
+        if not self.ready:
+            error = "partition not ready"
+        elif msg.max_count < 1 or msg.max_bytes < 1:
+            error = f"max_count ({msg.max_count}) and max_bytes ({msg.max_bytes}) must be positive"
+        elif first < 0 or first > hwm:
+            error = f"transaction {first} is not committed (high-water mark {hwm})"
+        if error is not None:
+            link.post(m.TransactionDataRangeResponse(q, first, (), (), error))
+            return
+        end = first + min(msg.max_count, DATA_RANGE_MAX_COUNT, hwm - first + 1)  # exclusive
+        budget = min(msg.max_bytes, self._range_max_bytes)
+        data: list[bytes] = []
+        checksums: list[int] = []
+        size = 0
+        cache_get = self._data_cache.get
+        next_id = first
+        while next_id < end:
+            cached = cache_get(next_id)
+            if cached is None:
+                break
+            size += len(cached[0]) + DATA_RANGE_ITEM_OVERHEAD
+            if size > budget and data:  # the first transaction is always sent, however big
+                end = next_id
+                break
+            data.append(cached[0])
+            checksums.append(cached[1])
+            next_id += 1
+        if next_id >= end or size >= budget:  # complete, or nothing more would fit
+            link.post(m.TransactionDataRangeResponse(q, first, tuple(data), tuple(checksums), None))
+            return
+        self._spawn(self._serve_data_range_from_storage(q, first, next_id, end, budget - size, data, checksums, link))
+
+    async def _serve_data_range_from_storage(self, q: ReqId, first: int, next_id: int, end: int, budget: int,
+                                             data: list[bytes], checksums: list[int], link: ClientLink) -> None:
+        """The part of a range the data cache did not hold (``next_id`` to ``end``, exclusive)."""
+        error = None
+        try:
+            records = await self.store.read_records(next_id, end - next_id)
+        except WaltzError as exc:
+            records = []
+            error = f"storage read failed: {exc}"
+        for record in records:
+            if record.transaction_id != next_id or next_id >= end:
+                break  # not the next one (never expected), or more than asked for
+            budget -= len(record.data) + DATA_RANGE_ITEM_OVERHEAD
+            if budget < 0 and data:
+                break
+            data.append(record.data)
+            checksums.append(record.checksum)
+            next_id += 1
+        if not data and error is None:
+            error = f"transaction {next_id} not found in storage"
+        link.post(m.TransactionDataRangeResponse(q, first, tuple(data), tuple(checksums), error))
+
     # -------------------------------------------------------------------------------- status
 
     @property
@@ -408,7 +536,7 @@ class Partition:
 
     @property
     def queue_size(self) -> int:
-        return self._queue.qsize()
+        return len(self._inbox)
 
     @property
     def pending_count(self) -> int:

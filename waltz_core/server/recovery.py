@@ -27,6 +27,7 @@ import attrs
 
 from ..coordination.metadata import UNRESOLVED, ReplicaState
 from ..errors import WaltzError
+from ..protocol.wire import RecordBatch
 from .replica import ReplicaApi
 from .vote import VoteResult, evaluate, quorum_of
 
@@ -163,11 +164,12 @@ class Recovery:
         sid, pid = self.session_id, self.partition_id
         mark = target.mark
         while mark < upto:
-            batch = await source.api.record_list(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
-            if not batch:
+            records = await source.api.record_list(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
+            if not records:
                 raise RecoveryFailed(f"replica {source.endpoint} returned no records after {mark}")
+            batch = RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
             await target.api.append(sid, pid, batch)
-            mark = batch[-1].transaction_id
+            mark = batch.last_transaction_id
         return mark
 
     # --------------------------------------------------------------------------- after the vote

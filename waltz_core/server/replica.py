@@ -4,6 +4,10 @@
 quorum) and the storage client. Every call carries the store session id: the storage node
 adopts a higher session id and rejects lower ones from then on (fencing). Calls raise
 :mod:`waltz_core.errors` classes; any of them makes the store treat the replica as failed.
+
+Records travel as :class:`~waltz_core.protocol.wire.RecordBatch` (the stored layout, encoded once
+by the store session); a batch is also a sequence of :class:`Record`, for implementations that
+want objects.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..protocol.wire import Record, RecordHeader, SessionInfo
+from ..protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
 
 
 class ReplicaApi(Protocol):
@@ -25,7 +29,7 @@ class ReplicaApi(Protocol):
 
     async def set_low_water_mark(self, session_id: int, partition_id: int, low_water_mark: int) -> None: ...
 
-    async def append(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None: ...
+    async def append(self, session_id: int, partition_id: int, records: RecordBatch) -> None: ...
 
     async def record_header_list(self, session_id: int, partition_id: int, transaction_id: int,
                                  max_records: int) -> Sequence[RecordHeader]: ...

@@ -137,7 +137,7 @@ class WaltzServer:
         latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",
                                          {"partition": str(pid)})
         partition = Partition(pid, generation, store, lambda hwm: open_lock_table(server_cfg, hwm, regs), server_cfg,
-                              latency)
+                              latency, max_frame_size=self.config.transport.max_frame_size)
         self.partitions[pid] = partition
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
 
@@ -182,22 +182,30 @@ class WaltzServer:
         link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water)
         self._links.add(link)
         partitions = self.partitions
+        recv, decode = channel.conn.recv, channel.family.decode
         try:
             while True:
-                msg = await channel.recv()
+                msg = decode(await recv())  # ProtocolError for bytes that do not decode
                 t = type(msg)
                 if t in _ADMIN_REQUESTS:
                     self._spawn(self._admin(msg, link))
                     continue
                 partition = partitions.get(msg.req_id.partition_id)
                 if partition is not None:
-                    await partition.submit(msg, link)
-                    await link.wait_readable()
+                    full = partition.offer(msg, link)
+                    if full is not None:
+                        await full
+                    if not link.readable:
+                        await link.wait_readable()
                 elif t is m.MountRequest:
                     link.post(m.MountResponse(msg.req_id, m.PartitionState.NOT_READY))
                 elif t is m.TransactionDataRequest:
                     link.post(m.TransactionDataResponse(msg.req_id, msg.transaction_id, None, 0,
                                                         f"partition {msg.req_id.partition_id} is not on this server"))
+                elif t is m.TransactionDataRangeRequest:
+                    link.post(m.TransactionDataRangeResponse(
+                        msg.req_id, msg.first_transaction_id, (), (),
+                        f"partition {msg.req_id.partition_id} is not on this server"))
                 elif t is m.HighWaterMarkRequest:
                     link.post(m.HighWaterMarkResponse(msg.req_id, -2))  # -2: partition not here
                 # appends, flushes, feed requests for partitions we do not own are dropped (original)

@@ -23,11 +23,12 @@ import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from itertools import islice
 from typing import Protocol
 
 from ..config import ServerConfig
 from ..errors import GenerationMismatchError, PartitionNotReadyError, WaltzError
-from ..protocol.wire import Record, RecordHeader, ReqId
+from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
 from ..coordination.metadata import UNRESOLVED, ReplicaState
 from .recovery import Recovery
 from .replica import ReplicaApi
@@ -108,7 +109,7 @@ class _ReplicaSession:
                         limit = min(limit, s.start_high_water_mark - self.acked)
                     batch = await s.read_from_peer(self, cursor, limit)
                 await self.api.append(sid, pid, batch)
-                self.acked = batch[-1].transaction_id
+                self.acked = batch.last_transaction_id
                 s.on_ack()
         except asyncio.CancelledError:
             raise
@@ -133,7 +134,9 @@ class StoreSession:
         self.committed = start_hwm
         self.last_assigned = start_hwm
         self.replicas: dict[str, _ReplicaSession] = {}
-        self._buffer: deque[Record] = deque()  # records after buffer_first - 1, in order
+        #: records after buffer_first - 1, in order, each encoded once in the stored layout: every
+        #: replica session sends slices of the same bytes (storage appends carry this layout)
+        self._buffer: deque[bytes] = deque()
         self.buffer_first = start_hwm + 1
         self._records_event = asyncio.Event()
         self._broken: BaseException | None = None
@@ -144,7 +147,7 @@ class StoreSession:
     def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
         txn = self.last_assigned + 1
         self.last_assigned = txn
-        self._buffer.append(Record(txn, req_id, header, data, checksum))
+        self._buffer.append(encode_stored_record(txn, req_id, header, data, checksum))
         ev = self._records_event
         if not ev.is_set():
             ev.set()
@@ -155,20 +158,21 @@ class StoreSession:
             self._records_event.clear()
             await self._records_event.wait()
 
-    def buffered(self, first: int, max_count: int) -> list[Record] | None:
+    def buffered(self, first: int, max_count: int) -> RecordBatch | None:
+        """Up to ``max_count`` buffered records from ``first`` (at least one is), None if no longer buffered."""
         start = first - self.buffer_first
         if start < 0:
             return None
         buf = self._buffer
         end = min(len(buf), start + max_count)
-        return [buf[i] for i in range(start, end)]
+        return RecordBatch(b"".join(islice(buf, start, end)), end - start, first)
 
-    async def read_from_peer(self, reader: _ReplicaSession, first: int, max_count: int) -> list[Record]:
+    async def read_from_peer(self, reader: _ReplicaSession, first: int, max_count: int) -> RecordBatch:
         for peer in self.replicas.values():
             if peer is not reader and peer.clean and peer.acked >= first:
                 records = await peer.api.record_list(self.session_id, self.partition_id, first, max_count)
                 if records:
-                    return records
+                    return RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
         raise PartitionNotReadyError(f"partition {self.partition_id}: no replica can serve records from {first}")
 
     # ------------------------------------------------------------------------------- commits
@@ -190,9 +194,11 @@ class StoreSession:
         low = min((r.acked for r in self.replicas.values() if r.clean), default=self.committed)
         low = max(low, self.committed - BUFFER_LIMIT)
         buf = self._buffer
-        while buf and buf[0].transaction_id <= low:
+        drop = min(low - self.buffer_first + 1, len(buf))
+        for _ in range(drop):
             buf.popleft()
-            self.buffer_first += 1
+        if drop > 0:
+            self.buffer_first += drop
 
     def replica_joined(self, endpoint: str) -> None:
         self.store.replica_joined(self, endpoint)
@@ -385,6 +391,13 @@ class ReplicatedStore:
             raise PartitionNotReadyError(f"partition {self.partition_id}: no store session")
         return session.append(req_id, header, data, checksum)
 
+    @property
+    def writable(self) -> bool:
+        """True when :meth:`wait_writable` would return at once (the partition's no-await path)."""
+        s = self.session
+        return (not self._closed and s is not None and not s.broken and not s.rolling_over
+                and s.last_assigned - s.committed < self._window)
+
     async def wait_writable(self) -> None:
         while not self._closed:
             s = self.session
@@ -414,6 +427,12 @@ class ReplicatedStore:
     async def read_record(self, transaction_id: int) -> Record | None:
         records = await self._read(transaction_id, lambda r, sid: r.api.record_list(sid, self.partition_id, transaction_id, 1))
         return records[0] if records else None
+
+    async def read_records(self, first: int, max_count: int) -> list[Record]:
+        """Records ``first, first + 1, ...`` in one storage read: at most ``max_count``, fewer when
+        the replica's answer is bounded (its frame size) or it holds fewer."""
+        records = await self._read(first, lambda r, sid: r.api.record_list(sid, self.partition_id, first, max_count))
+        return list(records)
 
     async def _read(self, needed: int, call: Callable[[_ReplicaSession, int], Awaitable[list]]) -> list:  # type: ignore[type-arg]
         last: Exception | None = None

@@ -21,7 +21,7 @@ from ..errors import ConnectionClosedError, ProtocolError, TransportError, Waltz
 from ..protocol import ADMIN, STORAGE, Family
 from ..protocol import admin as am
 from ..protocol import storage as sm
-from ..protocol.wire import Record, RecordHeader, SessionInfo
+from ..protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
 from ..transport.base import Transport
 from ..transport.channel import MessageChannel
 
@@ -149,11 +149,12 @@ class StorageClient:
         seq = self._p.next_seq()
         await self._p.request(seq, sm.SetLowWaterMarkRequest(session_id, seq, partition_id, low_water_mark, offline))
 
-    async def append(self, session_id: int, partition_id: int, records: Sequence[Record], *,
+    async def append(self, session_id: int, partition_id: int, records: RecordBatch | Sequence[Record], *,
                      offline: bool = False) -> None:
-        """Durable on the node when this returns."""
+        """Durable on the node when this returns. A batch is sent as it is; Records are encoded first."""
         seq = self._p.next_seq()
-        await self._p.request(seq, sm.StorageAppendRequest(session_id, seq, partition_id, tuple(records), offline))
+        await self._p.request(seq, sm.StorageAppendRequest(session_id, seq, partition_id, RecordBatch.of(records),
+                                                           offline))
 
     async def record_header(self, session_id: int, partition_id: int, transaction_id: int) -> RecordHeader | None:
         seq = self._p.next_seq()
@@ -173,10 +174,15 @@ class StorageClient:
         return r.record_headers  # type: ignore[no-any-return]
 
     async def record_list(self, session_id: int, partition_id: int, transaction_id: int,
-                          max_records: int) -> tuple[Record, ...]:
+                          max_records: int) -> RecordBatch:
+        """The stored bytes of up to ``max_records`` records from ``transaction_id`` (a sequence of Records)."""
         seq = self._p.next_seq()
         r = await self._p.request(seq, sm.RecordListRequest(session_id, seq, partition_id, transaction_id, max_records))
-        return r.records  # type: ignore[no-any-return]
+        batch: RecordBatch = r.records
+        if len(batch) and batch.first_transaction_id != transaction_id:
+            raise ProtocolError(f"storage {self.address}: asked for records from {transaction_id}, got them from "
+                                f"{batch.first_transaction_id}")
+        return batch
 
 
 class StorageAdminClient:

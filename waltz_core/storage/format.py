@@ -21,6 +21,9 @@ Segment data file ``<first txn id %019d>.seq`` and index file ``.idx``::
                int record checksum = CRC-32(36-byte record head + data)
     index body: long record offset per transaction (slot = txn id - first txn id)
 
+The record layout is :data:`waltz_core.protocol.wire.STORED_RECORD_HEAD`: storage appends carry
+records in it (:class:`~waltz_core.protocol.wire.RecordBatch`), so a node writes them unchanged.
+
 The header CRCs and the index checkpoint count live in the seed's "reserved" bytes.
 """
 
@@ -32,6 +35,8 @@ import zlib
 from typing import Final
 
 import attrs
+
+from ..protocol.wire import STORED_RECORD_HEAD, STORED_RECORD_OVERHEAD
 
 FORMAT_VERSION: Final = 1
 HEADER_SIZE: Final = 128
@@ -55,8 +60,8 @@ SEGMENT_HEADER: Final = struct.Struct(">iq16siq")  # 40 bytes, then CRC at 40
 CHECKPOINT: Final = struct.Struct(">qI")  # index header at offset 48: checkpointed count, CRC
 CHECKPOINT_OFFSET: Final = 48
 #: txn id, ReqId(client, generation, partition, seq), header, data length, data checksum
-RECORD_HEAD: Final = struct.Struct(">qiiiiiiI")
-RECORD_OVERHEAD: Final = RECORD_HEAD.size + 4  # 36-byte head + 4-byte record checksum
+RECORD_HEAD: Final = STORED_RECORD_HEAD
+RECORD_OVERHEAD: Final = STORED_RECORD_OVERHEAD  # 36-byte head + 4-byte record checksum
 INDEX_ENTRY: Final = struct.Struct(">q")
 _TXN_AND_LENGTH: Final = struct.Struct(">q20xi")  # txn id and data length out of a record head
 

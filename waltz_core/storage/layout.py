@@ -12,12 +12,13 @@ one thread at a time. Layout errors are :mod:`waltz_core.errors` classes
 from __future__ import annotations
 
 import uuid
+from array import array
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 
-from ..protocol.wire import Record, RecordHeader
+from ..protocol.wire import Record, RecordBatch, RecordHeader
 from .format import ControlHeader, PartitionInfo
 
 
@@ -47,6 +48,15 @@ class PartitionStore(Protocol):
         Durable on return with one fdatasync of the data file for the whole batch.
         """
 
+    def append_validated(self, records: bytes | memoryview, offsets: array) -> None:
+        """Write records that are already in the stored layout, as they are (the node's append path).
+
+        ``records`` holds ``len(offsets)`` consecutive records with ids ``max_transaction_id + 1 ...``,
+        checked by the caller (:meth:`~waltz_core.protocol.wire.RecordBatch.validate_into`: ids,
+        lengths, record and data checksums); ``offsets`` are their starts relative to
+        ``records[0]``. Durable on return with one fdatasync, as :meth:`append`.
+        """
+
     def truncate(self, transaction_id: int) -> None:
         """Remove every transaction above ``transaction_id`` (durable on return)."""
 
@@ -58,6 +68,10 @@ class PartitionStore(Protocol):
 
     def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
         """Up to ``max_records`` consecutive records starting at ``transaction_id``."""
+
+    def read_batch(self, transaction_id: int, max_records: int, max_bytes: int) -> RecordBatch:
+        """:meth:`read_records` as stored bytes: at most ``max_bytes`` of them, but at least one
+        record when there is one; StorageCorruptionError if a record fails its checksum."""
 
     def read_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
         """Up to ``max_records`` consecutive record headers starting at ``transaction_id``."""

@@ -26,14 +26,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
 
 from ..errors import (
-    ChecksumError,
     ClusterKeyMismatchError,
     ConnectionClosedError,
     OutOfOrderAppendError,
@@ -49,7 +49,7 @@ from ..metrics import MetricsRegistry
 from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
-from ..protocol.wire import Record, SessionInfo, crc32
+from ..protocol.wire import Record, RecordBatch, SessionInfo
 from ..transport.base import Connection
 from ..transport.channel import MessageChannel
 from .format import FLAG_ASSIGNED, FLAG_AVAILABLE, PartitionInfo
@@ -68,6 +68,34 @@ class _Item:
 
     work: Any
     reply: Callable[[Any], None]
+
+
+class _AppendGroup:
+    """Appends validated for one group commit: their bytes, replies and the records' offsets."""
+
+    __slots__ = ("items", "chunks", "offsets", "count", "nbytes")
+
+    def __init__(self) -> None:
+        self.items: list[_Item] = []
+        self.chunks: list[bytes | memoryview] = []
+        self.offsets = array("q")  #: start of each record, relative to the group's first byte
+        self.count = 0
+        self.nbytes = 0
+
+    def add(self, item: _Item, batch: RecordBatch) -> None:
+        self.items.append(item)
+        self.chunks.append(batch.data)
+        self.count += len(batch)
+        self.nbytes += batch.nbytes
+
+    def data(self) -> bytes | memoryview:
+        return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.chunks.clear()
+        del self.offsets[:]
+        self.count = self.nbytes = 0
 
 
 def failure_for(req: Any, exc: BaseException) -> sm.FailureResponse:
@@ -178,37 +206,31 @@ class PartitionWorker:
     # ------------------------------------------------------------------ worker thread
     def _process(self, batch: list[_Item]) -> list[tuple[Callable[[Any], None], Any]]:
         out: list[tuple[Callable[[Any], None], Any]] = []
-        pending: list[tuple[_Item, Sequence[Record]]] = []
-        pending_count = 0
+        group = _AppendGroup()
         limit = self.node.max_batch_records
 
         def flush() -> None:
-            nonlocal pending_count
-            if not pending:
+            if not group.items:
                 return
-            records: list[Record] = []
-            for _item, recs in pending:
-                records.extend(recs)
             started = time.perf_counter()
             try:
                 assert self.store is not None
-                self.store.append(records)
+                self.store.append_validated(group.data(), group.offsets)
             except Exception as exc:  # an I/O failure: fail the batch, reopen to repair the tail
-                log.exception("partition %d: append of %d records failed", self.partition_id, len(records))
+                log.exception("partition %d: append of %d records failed", self.partition_id, group.count)
                 err = StorageError(f"partition {self.partition_id}: write failed: {exc}")
-                for item, _recs in pending:
+                for item in group.items:
                     self._m_failures.inc()
                     out.append((item.reply, failure_for(item.work, err)))
                 self._reopen_after_failure()
             else:
                 self._m_latency.observe(time.perf_counter() - started)
                 self._m_syncs.inc()
-                self._m_records.inc(len(records))
-                for item, _recs in pending:
+                self._m_records.inc(group.count)
+                for item in group.items:
                     req = item.work
                     out.append((item.reply, sm.SuccessResponse(req.session_id, req.seq_num, req.partition_id)))
-            pending.clear()
-            pending_count = 0
+            group.clear()
 
         for item in batch:
             work = item.work
@@ -223,11 +245,10 @@ class PartitionWorker:
                 if type(work) is sm.StorageAppendRequest:
                     self._m_requests["append"].inc()
                     self._check(work, work.offline)
-                    if pending_count and pending_count + len(work.records) > limit:
+                    if group.count and group.count + len(work.records) > limit:
                         flush()
-                    self._check_append(work, pending_count)
-                    pending.append((item, work.records))
-                    pending_count += len(work.records)
+                    self._check_append(work, group)
+                    group.add(item, work.records)
                     continue
                 flush()
                 response = self._handle(work)
@@ -272,17 +293,25 @@ class PartitionWorker:
             raise PartitionNotFoundError(f"partition {pid} has no open store on this storage node")
         return self.store
 
-    def _check_append(self, req: sm.StorageAppendRequest, pending_count: int) -> None:
+    def _check_append(self, req: sm.StorageAppendRequest, group: _AppendGroup) -> None:
+        """Validate an append against the partition and the group before it, filling the group's offsets.
+
+        The first id must be the next one (OutOfOrderAppendError, the store session's concern);
+        then one pass over the bytes checks contiguous ids, lengths, each record checksum
+        (ProtocolError: corrupted bytes never reach the disk) and each data checksum
+        (ChecksumError). A refused batch leaves the group as it was.
+        """
         assert self.store is not None
-        expected = self.store.max_transaction_id + 1 + pending_count
-        for i, rec in enumerate(req.records):
-            if rec.transaction_id != expected + i:
-                raise OutOfOrderAppendError(
-                    f"partition {self.partition_id}: transaction out of order: record {i} of the batch has id "
-                    f"{rec.transaction_id}, the next id must be {expected + i}")
-            if crc32(rec.data) != rec.checksum:
-                raise ChecksumError(f"partition {self.partition_id}: transaction {rec.transaction_id}: data "
-                                    f"checksum does not match its data")
+        batch = req.records
+        expected = self.store.max_transaction_id + 1 + group.count
+        if len(batch) and batch.first_transaction_id != expected:
+            raise OutOfOrderAppendError(
+                f"partition {self.partition_id}: transaction out of order: record 0 of the batch has id "
+                f"{batch.first_transaction_id}, the next id must be {expected}")
+        try:
+            batch.validate_into(group.offsets, group.nbytes)
+        except ProtocolError as exc:
+            raise type(exc)(f"partition {self.partition_id}: {exc}") from None
 
     def _handle(self, req: Any) -> Any:
         t = type(req)
@@ -294,8 +323,9 @@ class PartitionWorker:
         if t is sm.RecordListRequest:
             self._m_requests["record_list"].inc()
             store = self._check(req, False)
-            return sm.RecordListResponse(*head, tuple(self._bounded(store.read_records(
-                req.transaction_id, self._list_size(req.max_records)))))
+            # The stored bytes as they are (checked against their record checksums on the way).
+            return sm.RecordListResponse(*head, store.read_batch(
+                req.transaction_id, self._list_size(req.max_records), self.node.max_frame_size // 2))
         if t is sm.RecordHeaderRequest:
             self._m_requests["record_header"].inc()
             store = self._check(req, False)

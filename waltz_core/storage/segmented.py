@@ -31,13 +31,12 @@ import uuid
 from array import array
 from collections import OrderedDict
 import json
-import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
-from ..protocol.wire import Record, RecordHeader, ReqId
+from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
 from .format import (
     CONTROL_FILE_NAME,
     DATA_SUFFIX,
@@ -48,7 +47,6 @@ from .format import (
     PARTITION_ENTRY_SIZE,
     RECORD_HEAD,
     RECORD_OVERHEAD,
-    U32,
     ControlHeader,
     PartitionInfo,
     SegmentHeader,
@@ -490,36 +488,27 @@ class SegmentedPartition:
         self._firsts.append(nxt)
 
     def append(self, records: Sequence[Record]) -> None:
-        self._check_open()
         if not records:
+            self._check_open()
+            return
+        batch = RecordBatch.from_records(records)
+        self.append_validated(batch.data, batch.offsets)
+
+    def append_validated(self, records: bytes | memoryview, offsets: array) -> None:
+        self._check_open()
+        if not offsets:
             return
         tail = self._tail
         if tail is None or tail.data_end >= self._threshold:
             self._roll()
             tail = self._tail
             assert tail is not None
-        pos = start = tail.data_end
-        parts: list[bytes] = []
-        extend = parts.extend
-        new_offsets = array("q")
-        add_offset = new_offsets.append
-        pack = RECORD_HEAD.pack
-        pack_crc = U32.pack
-        crc = zlib.crc32  # direct: the format.crc32 wrapper costs a call per record
-        for r in records:
-            q = r.req_id
-            data = r.data
-            head = pack(r.transaction_id, q.client_id, q.generation, q.partition_id, q.seq_num, r.header, len(data),
-                        r.checksum)
-            add_offset(pos)
-            extend((head, data, pack_crc(crc(data, crc(head)))))
-            pos += RECORD_OVERHEAD + len(data)
-        buf = b"".join(parts)
-        _pwrite_all(tail.data_fd, buf, start)
+        start = tail.data_end
+        _pwrite_all(tail.data_fd, records, start)
         if not UNSAFE_NO_FSYNC:
             os.fdatasync(tail.data_fd)  # the one sync that makes the batch durable
-        tail.data_end = pos
-        tail.offsets.extend(new_offsets)
+        tail.data_end = start + len(records)
+        tail.offsets.extend(array("q", [start + offset for offset in offsets]))
         # Index entries stay in memory until the checkpoint writes and syncs them in one go: they
         # are rebuilt from the data file after a crash anyway, so per-batch index writes buy nothing.
         if tail.count - tail.synced >= self._interval:
@@ -579,32 +568,54 @@ class SegmentedPartition:
         if self._closed:
             raise StorageError(f"partition {self.partition_id}: store is closed")
 
-    def _read_run(self, transaction_id: int, max_records: int, *, retry: bool = True) -> list[Record]:
+    def _read_run(self, transaction_id: int, max_records: int) -> list[Record]:
         """Records from one segment at most (callers loop across segments)."""
+        buf, offsets = self._read_raw_run(transaction_id, max_records, -1)
+        out = []
+        unpack = RECORD_HEAD.unpack_from
+        hs = RECORD_HEAD.size
+        for off in offsets:
+            txn, c, g, p, s, h, length, dcrc = unpack(buf, off)
+            out.append(Record(txn, ReqId(c, g, p, s), h, buf[off + hs : off + hs + length], dcrc))
+        return out
+
+    def _read_raw_run(self, transaction_id: int, max_records: int, max_bytes: int, *,
+                      retry: bool = True) -> tuple[bytes, list[int]]:
+        """Stored bytes of consecutive records from one segment at most, checked against their record
+        checksums, and each record's offset in them. ``max_bytes`` < 0: no byte limit; else as many
+        records as fit (none if the first does not)."""
         index = bisect.bisect_right(self._firsts, transaction_id) - 1
         seg = self._segment(index)
         slot = transaction_id - seg.first
         n = min(max_records, seg.count - slot)
         if n <= 0:
-            return []
+            return b"", []
         start = seg.offsets[slot]
         end = seg.offsets[slot + n] if slot + n < seg.count else seg.data_end
+        if 0 <= max_bytes < end - start:
+            # Records that end within the budget: record i ends where record i + 1 starts.
+            after = bisect.bisect_right(seg.offsets, start + max_bytes, slot + 1, slot + n)
+            n = after - 1 - slot
+            if n <= 0:
+                return b"", []
+            end = seg.offsets[slot + n]
         buf = _pread_exact(seg.data_fd, max(end - start, 0), start)
         result = scan_records(buf, 0, len(buf), transaction_id, limit=n)
         if len(result.offsets) < n:
             if retry and not self._index_points_at(seg, slot, n, start):
                 self._rebuild_index(seg, f"entry for transaction {transaction_id + len(result.offsets)} is wrong")
-                return self._read_run(transaction_id, max_records, retry=False)
+                return self._read_raw_run(transaction_id, max_records, max_bytes, retry=False)
             bad = transaction_id + len(result.offsets)
             raise StorageCorruptionError(
                 f"partition {self.partition_id}: transaction {bad} in {seg.data_path} failed verification: {result.error}")
-        out = []
-        unpack = RECORD_HEAD.unpack_from
-        hs = RECORD_HEAD.size
-        for off in result.offsets:
-            txn, c, g, p, s, h, length, dcrc = unpack(buf, off)
-            out.append(Record(txn, ReqId(c, g, p, s), h, buf[off + hs : off + hs + length], dcrc))
-        return out
+        if result.end != len(buf):  # the index says the run ends elsewhere than its last record does
+            if retry:  # the rebuild rescans the data file and raises if the data is what is wrong
+                self._rebuild_index(seg, f"entry for transaction {transaction_id + n} is wrong")
+                return self._read_raw_run(transaction_id, max_records, max_bytes, retry=False)
+            raise StorageCorruptionError(
+                f"partition {self.partition_id}: {len(buf) - result.end} unexpected bytes after transaction "
+                f"{transaction_id + n - 1} in {seg.data_path}")
+        return buf, result.offsets
 
     def _index_points_at(self, seg: Segment, slot: int, n: int, start: int) -> bool:
         """True when the index is consistent with a fresh scan of the same range (so the data is bad)."""
@@ -649,6 +660,24 @@ class SegmentedPartition:
             out.extend(run)
             txn += len(run)
         return out
+
+    def read_batch(self, transaction_id: int, max_records: int, max_bytes: int) -> RecordBatch:
+        self._check_open()
+        chunks: list[bytes] = []
+        count = nbytes = 0
+        last = self.max_transaction_id
+        txn = transaction_id
+        while transaction_id >= 0 and count < max_records and txn <= last:
+            buf, offsets = self._read_raw_run(txn, max_records - count, max(max_bytes - nbytes, 0))
+            if not offsets and not count:  # the first record is served whatever its size
+                buf, offsets = self._read_raw_run(txn, 1, -1)
+            if not offsets:
+                break
+            chunks.append(buf)
+            count += len(offsets)
+            nbytes += len(buf)
+            txn += len(offsets)
+        return RecordBatch(chunks[0] if len(chunks) == 1 else b"".join(chunks), count, transaction_id)
 
     def read_record(self, transaction_id: int) -> Record | None:
         recs = self.read_records(transaction_id, 1)

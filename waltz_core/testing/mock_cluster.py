@@ -181,6 +181,7 @@ class _MockPartition:
 
     def serve_data(self, msg: m.TransactionDataRequest, link: ClientLink) -> None:
         txn = msg.transaction_id
+        self.cluster.data_requests.append((self.id, txn))
         if not 0 <= txn <= self.hwm:
             link.post(m.TransactionDataResponse(msg.req_id, txn, None, 0, f"transaction {txn} is not committed"))
             return
@@ -190,6 +191,20 @@ class _MockPartition:
             self.cluster._corrupt_data -= 1
             checksum ^= 0x5A5A5A5A
         link.post(m.TransactionDataResponse(msg.req_id, txn, record.data, checksum, None))
+
+    def serve_data_range(self, msg: m.TransactionDataRangeRequest, link: ClientLink) -> None:
+        first = msg.first_transaction_id
+        self.cluster.data_range_requests.append((self.id, first, msg.max_count))
+        if not 0 <= first <= self.hwm or msg.max_count < 1:
+            link.post(m.TransactionDataRangeResponse(msg.req_id, first, (), (), f"transaction {first} is not committed"))
+            return
+        records = self.log[first:min(self.hwm + 1, first + msg.max_count)]
+        checksums = [r.checksum for r in records]
+        if self.cluster._corrupt_data > 0:  # the first transaction of the answer arrives damaged
+            self.cluster._corrupt_data -= 1
+            checksums[0] ^= 0x5A5A5A5A
+        link.post(m.TransactionDataRangeResponse(msg.req_id, first, tuple(r.data for r in records),
+                                                 tuple(checksums), None))
 
     def bump_generation(self) -> None:
         self.generation += 1
@@ -227,6 +242,9 @@ class MockCluster:
         self._fail_next_lock = False
         self._max_delay = 0.0
         self._corrupt_data = 0
+        #: Data RPCs served, in order: (partition, transaction) and (partition, first, max count).
+        self.data_requests: list[tuple[int, int]] = []
+        self.data_range_requests: list[tuple[int, int, int]] = []
         self.dropped_appends = 0
         self.lock_failures = 0
         self._client_ids = itertools.count(1)
@@ -399,6 +417,8 @@ class MockCluster:
                     await p.queue.put((msg, link))
                 elif t is m.TransactionDataRequest:
                     p.serve_data(msg, link)
+                elif t is m.TransactionDataRangeRequest:
+                    p.serve_data_range(msg, link)
                 elif t is m.HighWaterMarkRequest:
                     link.post(m.HighWaterMarkResponse(msg.req_id, p.hwm))
         except (ConnectionClosedError, ProtocolError, TransportError):

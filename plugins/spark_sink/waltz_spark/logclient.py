@@ -7,7 +7,8 @@ loop on a daemon thread. Nothing imports Spark.
 * :class:`LogInfo` - a client that mounts nothing and answers high-water-mark RPCs;
 * :func:`read_range` - one partition's transactions ``first..last`` (inclusive) with their data:
   the client mounts the partition from ``first - 1`` so the feed starts at ``first``, and the data
-  is fetched by RPC with ``window`` fetches in flight (CRC-checked and retried by the client);
+  of up to ``window`` transactions received is fetched with one range RPC
+  (``fetch_data_range``: CRC-checked and retried by the client);
 * :func:`write_rows` - lives in :mod:`waltz_spark.sink`.
 """
 
@@ -122,9 +123,7 @@ def read_range(config: ClientProcessConfig, partition: int, first: int, last: in
     client = WaltzClient(_RangeFeed(first, last, out, stop), _unmounted(config, num_consumer_threads=1))
     try:
         client.set_partitions([partition])
-        loop = client.loop
         expected = first
-        timeout = client.config.client.data_fetch_timeout + 5
         while expected <= last:
             try:
                 batch = [out.get(timeout=idle_timeout)]
@@ -136,7 +135,9 @@ def read_range(config: ClientProcessConfig, partition: int, first: int, last: in
                     batch.append(out.get_nowait())
                 except queue.Empty:
                     break
-            datas = asyncio.run_coroutine_threadsafe(_fetch_all(batch), loop).result(timeout)
+            # The feed is gap-free and in order: the batch is one id range (checked below). Each RPC
+            # of the fetch is bounded by client.data_fetch_timeout.
+            datas = client.fetch_data_range(partition, batch[0].transaction_id, len(batch))
             for txn, data in zip(batch, datas, strict=True):
                 if txn.transaction_id != expected:  # the client applies gap-free and in order
                     raise ClientError(f"partition {partition}: expected transaction {expected}, "
@@ -147,10 +148,6 @@ def read_range(config: ClientProcessConfig, partition: int, first: int, last: in
     finally:
         stop.set()
         client.close()
-
-
-async def _fetch_all(batch: list[Transaction]) -> list[bytes]:
-    return list(await asyncio.gather(*(t.fetch_data() for t in batch)))
 
 
 def split_ranges(bounds: dict[int, tuple[int, int]], range_size: int) -> list[tuple[int, int, int]]:

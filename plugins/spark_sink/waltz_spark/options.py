@@ -134,7 +134,7 @@ class ReadOptions:
     range_size: int  #: transactions per Spark partition
     starting_offsets: str  #: streaming: "earliest", "latest" or a JSON {"partition": last id read}
     max_per_trigger: int | None
-    fetch_window: int  #: data fetches in flight per reading task
+    fetch_window: int  #: most transactions whose data a reading task fetches with one range RPC
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:

@@ -1,0 +1,50 @@
+"""The hot-path codecs agree with the general ones: ``encode_append`` (client, no message object),
+the lock-free ``AppendRequest`` decode (server) and ``unpack_feed_data`` (client stream reader)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from waltz_core.protocol import client as m
+from waltz_core.protocol.wire import Reader
+
+from .strategies import append_requests, data, i32, i64, messages_of, req_ids
+
+
+@given(append_requests())
+def test_encode_append_from_fields_equals_encoding_the_message(msg: m.AppendRequest) -> None:
+    q = msg.req_id
+    raw = m.encode_append(q.client_id, q.generation, q.partition_id, q.seq_num, msg.client_high_water_mark,
+                          msg.write_locks, msg.read_locks, msg.append_locks, msg.header, msg.data, msg.checksum)
+    assert raw == m.encode(msg)
+    assert m.decode(raw) == msg
+
+
+@given(req_ids, i64, i32, data)
+def test_lock_free_append_fast_path_equals_the_checked_decoder(q: Any, hwm: int, header: int, payload: bytes) -> None:
+    from waltz_core.protocol.wire import crc32
+
+    msg = m.AppendRequest(q, hwm, (), (), (), header, payload, crc32(payload))
+    raw = m.encode(msg)
+    assert m.decode(raw) == msg == m._dec_append_checked(Reader(raw, 1, "AppendRequest"))
+    assert m.decode(memoryview(raw)) == msg  # frames may arrive as memoryviews
+
+
+@given(messages_of(m))
+def test_unpack_feed_data_takes_feed_records_only(msg: Any) -> None:
+    raw = m.encode(msg)
+    fields = m.unpack_feed_data(raw)
+    if type(msg) is m.FeedData:
+        q = msg.req_id
+        assert fields == (q.client_id, q.generation, q.partition_id, q.seq_num, msg.transaction_id, msg.header)
+    else:
+        assert fields is None
+
+
+@given(st.binary(max_size=64))
+def test_unpack_feed_data_never_raises_on_random_bytes(raw: bytes) -> None:
+    fields = m.unpack_feed_data(raw)
+    assert fields is None or (len(raw) == 41 and raw[0] == 4)
