@@ -32,12 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from waltz_core.perf.cluster import local_cluster
+from waltz_core.perf.cpu import CpuSample
 from waltz_core.perf.driver import ProduceOptions, produce
 from waltz_core.perf.histogram import LatencyHistogram
 
 
 def etcd_round(endpoints: list[tuple[str, int]], concurrency: int, record_size: int, duration: float,
-               warmup: float, round_no: int) -> dict[str, Any]:
+               warmup: float, round_no: int, member_pids: list[int]) -> dict[str, Any]:
     """Closed loop of conditional puts against etcd; blocking (threads)."""
     import pyetcd
 
@@ -79,22 +80,36 @@ def etcd_round(endpoints: list[tuple[str, int]], concurrency: int, record_size: 
     now = time.perf_counter()
     measure_from[0] = now + warmup
     stop_at[0] = now + warmup + duration
+    groups = {"client": [os.getpid()], "members": member_pids}
+    cpu: list[CpuSample | None] = []
+
+    def sample_cpu() -> None:  # at the edges of the measured window, as the Waltz driver does
+        for edge in (measure_from[0], stop_at[0]):
+            time.sleep(max(0.0, edge - time.perf_counter()))
+            cpu.append(CpuSample.take(groups))
+
+    sampler = threading.Thread(target=sample_cpu)
+    sampler.start()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, range(concurrency)))
+    sampler.join()
     total = LatencyHistogram()
     for h in histograms:
         total.merge(h)
+    per_op = (cpu[1] - cpu[0]).per_transaction_us(total.count) if len(cpu) == 2 and cpu[0] and cpu[1] else None
     return {"system": "etcd", "ops_per_s": total.count / duration, "latency_ms": total.summary_ms(),
-            "cas_failures": failures[0]}
+            "cas_failures": failures[0], "cpu_us_per_op": per_op}
 
 
 async def waltz_round(cluster: Any, concurrency: int, record_size: int, duration: float, warmup: float) -> dict[str, Any]:
     options = ProduceOptions(txn_size=record_size, clients=1, in_flight=concurrency, partitions=1, own_locks=True,
                              duration=duration, warmup=warmup)
-    result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls)
+    result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls,
+                           processes={"server": cluster.server_pids, "storages": cluster.storage_pids})
     rps = result.storage.records_per_sync if result.storage else None
     return {"system": "waltz", "ops_per_s": result.txn_per_s, "latency_ms": result.latency.summary_ms(),
-            "retries_per_txn": result.retries_per_txn, "records_per_fdatasync": rps}
+            "retries_per_txn": result.retries_per_txn, "records_per_fdatasync": rps,
+            "cpu_us_per_op": result.cpu_us_per_txn}
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -104,6 +119,9 @@ def _line(r: dict[str, Any]) -> str:
         extra = f"  records/fdatasync {r['records_per_fdatasync']:.1f}"
     if r["system"] == "etcd":
         extra = f"  cas failures {r['cas_failures']}"
+    cpu = r.get("cpu_us_per_op")
+    if cpu:
+        extra += "  CPU us/write " + " ".join(f"{k} {v:.0f}" for k, v in cpu.items())
     return (f"  {r['system']:5}  {r['ops_per_s']:>9,.0f} writes/s  p50 {lat['p50']:7.2f}  p99 {lat['p99']:7.2f}  "
             f"p99.9 {lat['p99.9']:7.2f} ms{extra}")
 
@@ -122,8 +140,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"round {n + 1}/{args.rounds}", file=sys.stderr)
                     w = await waltz_round(cluster, args.concurrency, args.record_size, args.duration, args.warmup)
                     print(_line(w), file=sys.stderr)
+                    member_pids = [pid for node in range(3) if (pid := etcd.pid(node)) is not None]
                     e = await asyncio.to_thread(etcd_round, endpoints, args.concurrency, args.record_size,
-                                                args.duration, args.warmup, n)
+                                                args.duration, args.warmup, n, member_pids)
                     print(_line(e), file=sys.stderr)
                     rounds.append({"waltz": w, "etcd": e})
         finally:

@@ -56,3 +56,15 @@ def test_consume_feed_and_data_json() -> None:
     assert feed["transactions"] >= 800 and data["transactions"] == feed["transactions"]
     assert feed["per_s"] > 0 and data["per_s"] > 0
     assert data["mb_per_s"] == pytest.approx(data["per_s"] * 256 / 1e6, rel=0.01)
+
+
+def test_produce_without_locks_or_faults_reports_no_retries_and_cpu_per_process() -> None:
+    # Regression: the transactions still in flight when the window closed used to add their
+    # executions without their commits, so a fault-free run reported ~one window of "retries".
+    out = json.loads(_run(["perf", "produce", "--local", "--json", "--duration", "1.5", "--warmup", "0.5",
+                           "--in-flight", "32"]).strip().splitlines()[-1])
+    assert out["committed"] > 0 and out["failed"] == 0 and out["lock_failures"] == 0
+    assert out["retries_per_txn"] == 0.0
+    cpu = out["cpu_us_per_txn"]
+    assert set(cpu) == {"client", "server", "storages"}
+    assert all(v > 0 for v in cpu.values())

@@ -23,7 +23,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +32,7 @@ from ..client import AsyncWaltzClient, PartitionLocalLock, TransactionBuilder, T
 from ..client.api import Transaction
 from ..config import ClientProcessConfig
 from .cluster import StorageCounters, scrape_storages
+from .cpu import CpuSample
 from .histogram import LatencyHistogram
 
 #: Called about 5 times a second with (done, elapsed seconds) for a progress display.
@@ -68,6 +69,11 @@ class ProduceResult:
     failed: int = 0
     latency: LatencyHistogram = attrs.Factory(LatencyHistogram)
     storage: StorageCounters | None = None
+    cpu: CpuSample | None = None  #: CPU seconds per process group over the measured window
+
+    @property
+    def cpu_us_per_txn(self) -> dict[str, float] | None:
+        return self.cpu.per_transaction_us(self.committed) if self.cpu is not None else None
 
     @property
     def txn_per_s(self) -> float:
@@ -96,6 +102,7 @@ class ProduceResult:
             "storage_fdatasyncs": self.storage.syncs if self.storage else None,
             "records_per_fdatasync": (round(self.storage.records_per_sync, 2)
                                       if self.storage and self.storage.records_per_sync is not None else None),
+            "cpu_us_per_txn": self.cpu_us_per_txn,
         }
 
     def report(self) -> list[str]:
@@ -115,6 +122,8 @@ class ProduceResult:
             "records/fdatasync " + (f"{rps:.2f} ({storage.records:.0f} records, {storage.syncs:.0f} syncs "
                                     "over all storages)" if storage and rps is not None else
                                     "no syncs seen" if storage else "unknown (no storage /metrics to scrape)"),
+            "CPU us/txn       " + ("  ".join(f"{k} {v:.1f}" for k, v in cpu.items()) if (cpu := self.cpu_us_per_txn)
+                                   else "unknown (no /proc or no processes given)"),
         ]
 
 
@@ -143,11 +152,12 @@ class _Run:
         self.done = 0  # committed since the start, warm-up included (progress)
         self.finished = asyncio.Event()
 
-    def committed(self, latency: float) -> None:
+    def committed(self, latency: float, executions: int) -> None:
         self.done += 1
         if self.measuring:
             r = self.result
             r.committed += 1
+            r.executions += executions  # only with the commit it belongs to, or retries/txn is skewed
             r.latency.record(latency)
             count = self.options.count
             if count is not None and r.committed >= count:
@@ -178,8 +188,7 @@ class _PerfTransaction(TransactionContext):
 
     def on_completion(self, result: bool) -> None:
         if result and self.measured:
-            self.run.result.executions += self.attempts
-            self.run.committed(time.perf_counter() - self.started)
+            self.run.committed(time.perf_counter() - self.started, self.attempts)
         elif result:
             self.run.done += 1
 
@@ -231,11 +240,15 @@ async def start_client(config: ClientProcessConfig, partitions: Sequence[int], *
 
 
 async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metrics_urls: Sequence[str] = (),
-                  progress: ProgressFn | None = None) -> ProduceResult:
+                  progress: ProgressFn | None = None,
+                  processes: Mapping[str, Sequence[int]] | None = None) -> ProduceResult:
     """Run producers against the cluster of ``config``; returns the measured figures.
 
-    Blocks the loop only for the metrics scrapes (two short HTTP GETs, run in a thread).
+    ``processes`` names groups of pids (e.g. ``{"server": [...], "storages": [...]}``) whose CPU
+    time over the measured window is reported per transaction, next to this process's
+    (``client``). Blocks the loop only for the metrics scrapes (two short HTTP GETs, in a thread).
     """
+    cpu_groups = {"client": [os.getpid()], **(processes or {})}
     if options.duration is None and options.count is None:
         raise ValueError("give a duration or a count")
     rng = random.Random(options.seed)
@@ -259,12 +272,16 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
         t0 = time.perf_counter()
         await _tick_until(run, t0, t0 + options.warmup, None, progress)
         before = await asyncio.to_thread(scrape_storages, metrics_urls)
+        cpu_before = CpuSample.take(cpu_groups)
         run.measuring = True
         start = time.perf_counter()
         end = None if options.duration is None else start + options.duration
         await _tick_until(run, t0, end, run.finished, progress)
         run.result.elapsed = time.perf_counter() - start
         run.measuring = False
+        cpu_after = CpuSample.take(cpu_groups)
+        if cpu_before is not None and cpu_after is not None:
+            run.result.cpu = cpu_after - cpu_before
         after = await asyncio.to_thread(scrape_storages, metrics_urls)
         if before is not None and after is not None:
             run.result.storage = after - before
@@ -370,16 +387,14 @@ class ConsumeResult:
 
 
 class _Counting(WaltzClientCallbacks):
-    """Counts the feed from the start of the log; with data, fetches each transaction's data
-    with up to ``concurrency`` fetches outstanding (apply order is kept; fetches overlap)."""
+    """Counts the feed from the start of the log; with data, awaits each transaction's data in
+    ``apply_transaction``, in order, as an application does (the client's read-ahead fetches
+    ranges of transactions ahead of it)."""
 
-    def __init__(self, target: int, with_data: bool, concurrency: int, result: ConsumeResult) -> None:
+    def __init__(self, target: int, with_data: bool, result: ConsumeResult) -> None:
         self.target = target
         self.with_data = with_data
         self.result = result
-        self.slots = asyncio.Semaphore(concurrency)
-        self.fetches: set[asyncio.Task[None]] = set()
-        self.seen = 0
         self.done = asyncio.Event()
         self.error: BaseException | None = None
 
@@ -387,35 +402,27 @@ class _Counting(WaltzClientCallbacks):
         return -1
 
     async def apply_transaction(self, transaction: Transaction) -> None:
-        self.seen += 1
-        if not self.with_data:
-            self.result.transactions += 1
-            if self.seen >= self.target:
-                self.done.set()
+        if self.done.is_set():
             return
-        await self.slots.acquire()
-        task = asyncio.create_task(self._fetch(transaction))
-        self.fetches.add(task)
-        task.add_done_callback(self.fetches.discard)
-
-    async def _fetch(self, transaction: Transaction) -> None:
-        try:
-            data = await transaction.fetch_data()
-            self.result.data_bytes += len(data)
-            self.result.transactions += 1
-            if self.result.transactions >= self.target:
+        if self.with_data:
+            try:
+                data = await transaction.fetch_data()
+            except Exception as exc:  # reported, ends the run
+                self.error = exc
                 self.done.set()
-        except Exception as exc:  # reported, ends the run
-            self.error = exc
+                return
+            self.result.data_bytes += len(data)
+        self.result.transactions += 1
+        if self.result.transactions >= self.target:
             self.done.set()
-        finally:
-            self.slots.release()
 
 
 async def consume(config: ClientProcessConfig, partition: int, *, with_data: bool, limit: int | None = None,
-                  concurrency: int = 64, timeout: float = 300.0, progress: ProgressFn | None = None) -> ConsumeResult:
+                  read_ahead: int | None = None, timeout: float = 300.0, progress: ProgressFn | None = None
+                  ) -> ConsumeResult:
     """Read partition ``partition`` from its first transaction up to its current high-water mark
-    (at most ``limit`` transactions): feed only, or feed + data fetched by RPC."""
+    (at most ``limit`` transactions): feed only, or feed + data fetched by RPC. ``read_ahead``
+    overrides ``client.data_read_ahead`` (0: one data RPC per transaction)."""
     probe = await start_client(config, [], in_flight=1)
     try:
         hwm = await probe.high_water_mark(partition)
@@ -425,8 +432,11 @@ async def consume(config: ClientProcessConfig, partition: int, *, with_data: boo
     result = ConsumeResult(partition, with_data)
     if target <= 0:
         return result
-    callbacks = _Counting(target, with_data, concurrency, result)
-    cfg = attrs.evolve(config, client=attrs.evolve(config.client, auto_mount=False))
+    callbacks = _Counting(target, with_data, result)
+    client_cfg = attrs.evolve(config.client, auto_mount=False)
+    if read_ahead is not None:
+        client_cfg = attrs.evolve(client_cfg, data_read_ahead=read_ahead)
+    cfg = attrs.evolve(config, client=client_cfg)
     client = AsyncWaltzClient(callbacks, cfg)
     await client.start()
     try:
@@ -449,6 +459,4 @@ async def consume(config: ClientProcessConfig, partition: int, *, with_data: boo
             raise callbacks.error
         return result
     finally:
-        for t in list(callbacks.fetches):
-            t.cancel()
         await client.close()

@@ -34,19 +34,20 @@ def _with_target(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.asynccontextmanager
 async def _target(config_path: str | None, local: bool, partitions: int, metrics_urls: tuple[str, ...]
-                  ) -> AsyncIterator[tuple[Any, list[str], list[int]]]:
-    """(client config, metrics URLs, server pids) of the cluster to measure."""
+                  ) -> AsyncIterator[tuple[Any, list[str], dict[str, list[int]]]]:
+    """(client config, metrics URLs, pids by process kind) of the cluster to measure."""
     if local == bool(config_path):
         raise click.UsageError("give exactly one of --config client.toml or --local")
     if config_path:
         from ..config import ClientProcessConfig, load
 
-        yield load(ClientProcessConfig, Path(config_path)), list(metrics_urls), []
+        yield load(ClientProcessConfig, Path(config_path)), list(metrics_urls), {}
         return
     from .cluster import local_cluster
 
     async with local_cluster(partitions) as cluster:
-        yield cluster.client_config, cluster.metrics_urls, cluster.server_pids
+        yield cluster.client_config, cluster.metrics_urls, {"server": cluster.server_pids,
+                                                            "storages": cluster.storage_pids}
 
 
 def _quiet() -> None:
@@ -145,7 +146,8 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
 
     async def main() -> tuple[Any, list[str]]:
         notes: list[str] = []
-        async with _target(config_path, local, partitions, metrics_urls) as (config, urls, server_pids):
+        async with _target(config_path, local, partitions, metrics_urls) as (config, urls, pids):
+            server_pids = pids.get("server", [])
             with _progress(warmup + duration, "produce", sys.stderr.isatty()) as update:
                 profiler = None
                 if profile_path is not None:
@@ -153,7 +155,7 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
                         raise click.UsageError("--profile-server needs --local")
                     profiler = py_spy_record(server_pids[0], profile_path, warmup, duration)
                 try:
-                    result = await produce(config, options, metrics_urls=urls, progress=update)
+                    result = await produce(config, options, metrics_urls=urls, progress=update, processes=pids)
                 finally:
                     if profiler is not None:
                         notes.extend(await asyncio.to_thread(profiler.finish))
@@ -183,10 +185,12 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
               help="First append this many transactions (closed loop, 64 in flight). Default with --local: 20000.")
 @click.option("--txn-size", type=click.IntRange(0), default=256, show_default=True, help="Bytes per populated transaction.")
 @click.option("--limit", type=click.IntRange(1), help="Read at most this many transactions.")
-@click.option("--fetch-concurrency", type=click.IntRange(1), default=64, show_default=True,
-              help="Data fetches outstanding at once in data mode.")
+@click.option("--read-ahead", type=click.IntRange(0),
+              help="Data mode reads each transaction's data in order (Transaction.fetch_data); this overrides "
+                   "client.data_read_ahead, the most transactions the client's read-ahead fetches per RPC "
+                   "(default: the config's, 256). 0: one RPC per transaction.")
 def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[str, ...], as_json: bool, partition: int,
-                    mode: str, populate: int, txn_size: int, limit: int | None, fetch_concurrency: int) -> None:
+                    mode: str, populate: int, txn_size: int, limit: int | None, read_ahead: int | None) -> None:
     """Consumer benchmark from the start of a populated partition: headers/s and transactions/s with data."""
     from .driver import ProduceOptions, consume, produce
 
@@ -205,7 +209,7 @@ def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[st
             for with_data in {"feed": [False], "data": [True], "both": [False, True]}[mode]:
                 with _progress(None, "consume " + ("feed+data" if with_data else "feed"), sys.stderr.isatty()) as update:
                     results.append(await consume(config, partition, with_data=with_data, limit=limit,
-                                                 concurrency=fetch_concurrency, progress=update))
+                                                 read_ahead=read_ahead, progress=update))
         return results
 
     results = asyncio.run(main())

@@ -1,0 +1,158 @@
+"""Every figure of docs/performance.md from one run: the etcd side-by-side, then the producer and
+consumer shapes of issue 10 on throw-away local clusters, printed as Markdown tables.
+
+    python benchmarks/perf_report.py                 # ~5 minutes on 2 cores
+    python benchmarks/perf_report.py --json out.json
+
+Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
+
+* etcd comparison: ``compare_etcd.main`` (interleaved rounds, medians, ratio);
+* 1 partition, closed loop, 64 in flight: the maximum throughput;
+* 1 partition, 1 in flight: unloaded latency;
+* 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
+* 1 partition, 64 in flight, lock pool 128: optimistic-lock retries;
+* 4 partitions, 16 in flight each;
+* consumer: feed only and feed + data over ``--populate`` transactions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from waltz_core.perf.cluster import local_cluster
+from waltz_core.perf.driver import ProduceOptions, ProduceResult, consume, produce
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_etcd  # noqa: E402 - the sibling benchmark script
+
+
+def _produce_row(name: str, r: ProduceResult) -> dict[str, Any]:
+    lat = r.latency.summary_ms()
+    return {"shape": name, "txn_per_s": round(r.txn_per_s, 1), "mb_per_s": round(r.mb_per_s, 3),
+            "retries_per_txn": round(r.retries_per_txn, 4), "lock_failures": r.lock_failures, "latency_ms": lat,
+            "records_per_fdatasync": round(r.storage.records_per_sync, 2)
+            if r.storage and r.storage.records_per_sync else None, "cpu_us_per_txn": r.cpu_us_per_txn}
+
+
+async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    async with local_cluster(1) as cluster:
+        pids = {"server": cluster.server_pids, "storages": cluster.storage_pids}
+
+        async def run(name: str, **kw: Any) -> ProduceResult:
+            options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, **kw)
+            result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
+            rows.append(_produce_row(name, result))
+            print(f"  {name}: {result.txn_per_s:,.0f} txn/s, p50 {rows[-1]['latency_ms']['p50']} ms, "
+                  f"p99 {rows[-1]['latency_ms']['p99']} ms", file=sys.stderr)
+            return result
+
+        peak = await run("1 partition, 64 in flight (closed loop)", in_flight=64)
+        await run("1 partition, 1 in flight (unloaded)", in_flight=1)
+        rate = round(peak.txn_per_s * args.load, -1)
+        # open loop: submit() waits for a slot above max_concurrent_transactions, so give it room
+        await run(f"1 partition, open loop {rate:,.0f}/s ({args.load:.0%} of the maximum)", rate=rate, in_flight=1024)
+        await run("1 partition, 64 in flight, lock pool 128", in_flight=64, lock_pool=128)
+    async with local_cluster(4) as cluster:
+        pids = {"server": cluster.server_pids, "storages": cluster.storage_pids}
+        options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, partitions=4, in_flight=16)
+        result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
+        rows.append(_produce_row("4 partitions, 16 in flight each", result))
+    return rows
+
+
+async def _consume_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    async with local_cluster(1) as cluster:
+        await produce(cluster.client_config, ProduceOptions(in_flight=64, duration=None, count=args.populate, warmup=0))
+        out = []
+        for with_data in (False, True):
+            result = await consume(cluster.client_config, 0, with_data=with_data)
+            out.append(result.to_json())
+            print(f"  {result.report()}", file=sys.stderr)
+        return out
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lines = []
+    etcd = report["etcd"]
+    lines += ["### Waltz vs etcd, closed loop, "
+              f"{etcd['settings']['concurrency']} outstanding, {etcd['settings']['record_size']} B, "
+              f"{etcd['settings']['rounds']} x {etcd['settings']['duration']:g} s interleaved", "",
+              "| round | Waltz writes/s | Waltz p50 / p99 / p99.9 ms | Waltz CPU us/write (client, server, storages) "
+              "| etcd writes/s | etcd p50 / p99 / p99.9 ms | etcd CPU us/write (client, members) |",
+              "|---|---|---|---|---|---|---|"]
+
+    def lat(x: dict[str, float]) -> str:
+        return f"{x['p50']:.2f} / {x['p99']:.2f} / {x['p99.9']:.2f}"
+
+    def cpu(x: dict[str, float] | None) -> str:
+        return " / ".join(f"{v:.0f}" for v in x.values()) if x else "unknown"
+
+    for i, r in enumerate(etcd["rounds"], 1):
+        w, e = r["waltz"], r["etcd"]
+        lines.append(f"| {i} | {w['ops_per_s']:,.0f} | {lat(w['latency_ms'])} | {cpu(w.get('cpu_us_per_op'))} "
+                     f"| {e['ops_per_s']:,.0f} | {lat(e['latency_ms'])} | {cpu(e.get('cpu_us_per_op'))} |")
+    med = etcd["median"]
+    lines += [f"| **median** | **{med['waltz']['ops_per_s']:,.0f}** | {med['waltz']['p50_ms']:.2f} / "
+              f"{med['waltz']['p99_ms']:.2f} / - | | **{med['etcd']['ops_per_s']:,.0f}** | {med['etcd']['p50_ms']:.2f} / "
+              f"{med['etcd']['p99_ms']:.2f} / - | |", "",
+              f"**Ratio Waltz / etcd: {etcd['ratio_waltz_over_etcd']:.2f}x**", "",
+              "### `waltz perf produce` (1 client, 256 B)", "",
+              "| shape | txn/s | MB/s | retries/txn | p50 | p90 | p99 | p99.9 | records/fdatasync "
+              "| CPU us/txn client / server / storages |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["produce"]:
+        x = r["latency_ms"]
+        lines.append(f"| {r['shape']} | {r['txn_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['retries_per_txn']:.4f} "
+                     f"| {x['p50']} | {x['p90']} | {x['p99']} | {x['p99.9']} | {r['records_per_fdatasync']} "
+                     f"| {cpu(r['cpu_us_per_txn'])} |")
+    lines += ["", "### `waltz perf consume` (partition 0)", "", "| mode | transactions | rate |", "|---|---|---|"]
+    for c in report["consume"]:
+        unit = "headers/s" if c["mode"] == "feed" else f"transactions/s, {c['mb_per_s']} MB/s"
+        lines.append(f"| {c['mode']} | {c['transactions']:,} | {c['per_s']:,.0f} {unit} |")
+    return "\n".join(lines)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_before = os.getloadavg()
+    print("etcd side by side", file=sys.stderr)
+    etcd = await compare_etcd.main(argparse.Namespace(rounds=args.rounds, duration=args.duration,
+                                                      warmup=args.warmup, concurrency=64, record_size=256))
+    print("producer shapes", file=sys.stderr)
+    produce_rows = await _produce_shapes(args)
+    print("consumer", file=sys.stderr)
+    consume_rows = await _consume_shapes(args)
+    return {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
+            "etcd": etcd, "produce": produce_rows, "consume": consume_rows}
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved Waltz/etcd rounds")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--load", type=float, default=0.7, help="open-loop rate as a fraction of the maximum")
+    parser.add_argument("--populate", type=int, default=100_000, help="transactions written before consuming")
+    parser.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
+    args = parser.parse_args()
+    logging.getLogger("waltz.client").addFilter(lambda record: "not encrypted" not in record.getMessage())
+    report = asyncio.run(main(args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(f"Run {report['started']} - {report['finished']}, {report['cores']} cores, load average "
+          f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after\n")
+    print(_markdown(report))
+
+
+if __name__ == "__main__":
+    cli()

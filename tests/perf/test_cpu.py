@@ -1,0 +1,54 @@
+"""CPU accounting of ``waltz perf`` (``/proc/<pid>/stat``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from waltz_core.perf.cpu import CpuSample, cpu_seconds, parse_stat_cpu_seconds
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_cpu_seconds_follow_the_process_cpu_time() -> None:
+    before = cpu_seconds(os.getpid())
+    _spin(0.3)
+    after = cpu_seconds(os.getpid())
+    assert before is not None and after is not None
+    assert after - before == pytest.approx(0.3, abs=0.05)  # clock ticks are 10 ms
+
+
+def test_a_command_name_with_spaces_and_parentheses_is_parsed() -> None:
+    # The second field is the command name in parentheses, and may contain both itself.
+    tick = os.sysconf("SC_CLK_TCK")
+    line = f"4242 (a b) (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 {3 * tick} {tick} 0 0 20 0 1 0 5 0 0".encode()
+    assert parse_stat_cpu_seconds(line) == pytest.approx(4.0)
+    assert parse_stat_cpu_seconds(b"garbage") is None
+    assert parse_stat_cpu_seconds(b"1 (x) S 1 2") is None
+
+
+def test_sample_difference_per_transaction_and_unknown_processes() -> None:
+    me = os.getpid()
+    first = CpuSample.take({"client": [me], "twice": [me, me]})
+    assert first is not None
+    _spin(0.2)
+    second = CpuSample.take({"client": [me], "twice": [me, me]})
+    assert second is not None
+    delta = second - first
+    per_txn = delta.per_transaction_us(1000)
+    assert per_txn["client"] == pytest.approx(200.0, abs=50.0)  # 0.2 s over 1000 transactions
+    assert per_txn["twice"] == pytest.approx(2 * per_txn["client"], abs=1.0)
+    assert delta.per_transaction_us(0) == {}
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert CpuSample.take({"gone": [dead.pid]}) is None  # an exited (reaped) process: unknown, not 0
