@@ -74,26 +74,36 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         buf = self._buf
-        buf += data
+        pending = bool(buf)
+        if pending:
+            buf += data
+            view = memoryview(buf)
+        else:  # the usual case: parse the caller's bytes in place, keep only an incomplete tail
+            view = memoryview(data)
         frames: list[bytes] = []
         pos = 0
-        end = len(buf)
+        end = len(view)
         unpack = LENGTH.unpack_from
-        while end - pos >= 4:
-            (n,) = unpack(buf, pos)
-            if n > self._max:
-                self._error = FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {self._max}")
-                if not frames:
-                    raise self._error
-                break
-            if n == 0:
-                self.heartbeats += 1
-                pos += 4
-                continue
-            if end - pos - 4 < n:
-                break
-            frames.append(bytes(buf[pos + 4 : pos + 4 + n]))
-            pos += 4 + n
-        if pos:
+        limit = self._max
+        with view:  # released before the buffer is resized below
+            while end - pos >= 4:
+                (n,) = unpack(view, pos)
+                if n > limit:
+                    self._error = FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {limit}")
+                    if not frames:
+                        raise self._error
+                    break
+                if n == 0:
+                    self.heartbeats += 1
+                    pos += 4
+                    continue
+                start = pos + 4
+                if end - start < n:
+                    break
+                frames.append(view[start : start + n].tobytes())  # one copy, out of a buffer that is reused
+                pos = start + n
+            if not pending and pos < end:
+                buf += view[pos:]
+        if pending and pos:
             del buf[:pos]
         return frames
