@@ -273,15 +273,19 @@ class Partition:
                 log.exception("partition %d: unexpected error in the append task", self.partition_id)
 
     def _append_now(self, req: m.AppendRequest, link: ClientLink) -> bool:
-        """The common append without awaiting: no locks and the store is writable. False when
-        :meth:`_append` must handle it (nothing was done then)."""
-        if req.write_locks or req.read_locks or req.append_locks or not self.store.writable:
+        """An append decided without awaiting: the store is writable and the append's locks, if
+        any, do not collide with an append in flight (the usual case). False when :meth:`_append`
+        must handle it; nothing was changed then."""
+        if not self.store.writable:
             return False
-        if self._is_current(req.req_id, link):
-            txn = self.store.append(req.req_id, req.header, req.data, req.checksum)
-            self._pending.append(_Pending(txn, req.req_id, req.header, req.data, req.checksum, NO_LOCKS,
-                                          time.monotonic()))
-            self.appends += 1
+        if not self._is_current(req.req_id, link):
+            return True  # stale connection or generation: ignored, as the original does
+        request = NO_LOCKS
+        if req.write_locks or req.read_locks or req.append_locks:
+            request = LockRequest.from_append(req)
+            if self.locks.begin(request) is not Begin.OK:  # type: ignore[union-attr]
+                return False  # collides with an append in flight: the awaiting path serialises it
+        self._decide(req, link, request)
         return True
 
     async def _append(self, req: m.AppendRequest, link: ClientLink) -> None:
@@ -293,8 +297,6 @@ class Partition:
         if req.write_locks or req.read_locks or req.append_locks:
             request = LockRequest.from_append(req)
         while True:
-            # From a successful begin() to store.append() nothing awaits, so the lock decision
-            # and the hand-off see the same store session and the same committed locks.
             await self.store.wait_writable()
             if request is NO_LOCKS or locks.begin(request) is Begin.OK:
                 break
@@ -302,7 +304,15 @@ class Partition:
                 await self.store.flush()  # collides with an append in flight: let it commit first
             else:
                 locks.reset(self.high_water_mark)  # nothing in flight: stale marks (as the original)
+        self._decide(req, link, request)
+
+    def _decide(self, req: m.AppendRequest, link: ClientLink, request: LockRequest) -> None:
+        """After a successful begin(): a lock failure, or the hand-off to the store. Called without
+        awaiting since begin(), so the decision and the hand-off see the same store session and
+        the same committed locks."""
         if request is not NO_LOCKS:
+            locks = self.locks
+            assert locks is not None
             conflict = None if UNSAFE_NO_LOCK_CHECK else locks.check(request, req.client_high_water_mark)
             if conflict is not None:
                 locks.abort(request)
