@@ -7,7 +7,7 @@ consumer shapes of issue 10 on throw-away local clusters, printed as Markdown ta
 Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
 
 * etcd comparison: ``compare_etcd.main`` (interleaved rounds, medians, ratio);
-* 1 partition, closed loop, 64 in flight: the maximum throughput;
+* 1 partition, closed loop, 64 in flight: the maximum throughput (median of ``--repeat`` runs);
 * 1 partition, 1 in flight: unloaded latency;
 * 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
 * 1 partition, 64 in flight, lock pool 128: optimistic-lock retries;
@@ -54,7 +54,19 @@ async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
                   f"p99 {rows[-1]['latency_ms']['p99']} ms", file=sys.stderr)
             return result
 
-        peak = await run("1 partition, 64 in flight (closed loop)", in_flight=64)
+        # The maximum is the median of --repeat runs (this shared machine drifts by tens of percent
+        # between runs); every run's rate is kept in the row.
+        peaks = []
+        for _ in range(args.repeat):
+            peaks.append(await run("1 partition, 64 in flight (closed loop)", in_flight=64))
+        by_rate = sorted(range(len(peaks)), key=lambda i: peaks[i].txn_per_s)
+        median = by_rate[len(by_rate) // 2]
+        runs = rows[-len(peaks):]
+        del rows[-len(peaks):]
+        rows.append(runs[median] | {"runs_txn_per_s": [r["txn_per_s"] for r in runs]})
+        if len(runs) > 1:
+            rows[-1]["shape"] += f", median of {len(runs)}"
+        peak = peaks[median]
         await run("1 partition, 1 in flight (unloaded)", in_flight=1)
         rate = round(peak.txn_per_s * args.load, -1)
         # open loop: submit() waits for a slot above max_concurrent_transactions, so give it room
@@ -110,7 +122,9 @@ def _markdown(report: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["produce"]:
         x = r["latency_ms"]
-        lines.append(f"| {r['shape']} | {r['txn_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['retries_per_txn']:.4f} "
+        runs = r.get("runs_txn_per_s")
+        rate = f"{r['txn_per_s']:,.0f}" + (f" ({', '.join(f'{v:,.0f}' for v in runs)})" if runs and len(runs) > 1 else "")
+        lines.append(f"| {r['shape']} | {rate} | {r['mb_per_s']:.2f} | {r['retries_per_txn']:.4f} "
                      f"| {x['p50']} | {x['p90']} | {x['p99']} | {x['p99.9']} | {r['records_per_fdatasync']} "
                      f"| {cpu(r['cpu_us_per_txn'])} |")
     lines += ["", "### `waltz perf consume` (partition 0)", "", "| mode | transactions | rate |", "|---|---|---|"]
@@ -141,6 +155,7 @@ def cli() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--load", type=float, default=0.7, help="open-loop rate as a fraction of the maximum")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the 64-in-flight shape (median reported)")
     parser.add_argument("--populate", type=int, default=100_000, help="transactions written before consuming")
     parser.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
     args = parser.parse_args()
