@@ -308,6 +308,19 @@ class InProcessCluster:
         self._storage_stops: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self.servers: dict[int, Any] = {}
 
+    async def __aenter__(self) -> InProcessCluster:
+        """Start and wait until every partition is served; stopped again if that fails."""
+        await self.start()
+        try:
+            await self.wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
         """Start everything; on failure stop what was started, then raise."""
         self.spec.write_configs()

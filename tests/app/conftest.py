@@ -10,10 +10,5 @@ from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 @pytest.fixture
 async def inprocess_cluster(tmp_path):
     spec = ClusterSpec(tmp_path / "cluster", num_partitions=2, num_storages=3, num_servers=1)
-    running = InProcessCluster(spec)
-    await running.start()
-    try:
-        await running.wait_ready()
+    async with InProcessCluster(spec) as running:
         yield running
-    finally:
-        await running.stop()

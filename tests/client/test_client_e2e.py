@@ -16,13 +16,8 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture
 async def cluster(tmp_path):
     spec = ClusterSpec(tmp_path / "cluster", num_partitions=2, num_storages=3, num_servers=2)
-    running = InProcessCluster(spec)
-    await running.start()
-    try:
-        await running.wait_ready()
+    async with InProcessCluster(spec) as running:
         yield running
-    finally:
-        await running.stop()
 
 
 async def test_concurrent_clients_with_conflicting_locks_never_commit_a_conflict(cluster, apps) -> None:

@@ -74,13 +74,8 @@ class Conn:
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
     spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp",
                        server_overrides={"transaction_data_cache_size": CACHE_BYTES})
-    cl = InProcessCluster(spec)
-    await cl.start()
-    await cl.wait_ready()
-    try:
+    async with InProcessCluster(spec) as cl:
         yield cl
-    finally:
-        await cl.stop()
 
 
 async def connect(cl: InProcessCluster) -> Conn:

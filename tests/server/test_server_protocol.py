@@ -79,13 +79,8 @@ class Raw:
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
     spec = ClusterSpec(tmp_path, num_partitions=2, transport="tcp", http=True,
                        server_overrides={"feed_cache_size": 64 * 40})  # a tiny feed cache: catch-up reads storage
-    cl = InProcessCluster(spec)
-    await cl.start()
-    await cl.wait_ready()
-    try:
+    async with InProcessCluster(spec) as cl:
         yield cl
-    finally:
-        await cl.stop()
 
 
 async def connect(cl: InProcessCluster, client_id: int, partition: int = 0) -> Raw:
