@@ -30,7 +30,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -44,6 +43,7 @@ from ..errors import (
     ConfigError,
     TransportError,
 )
+from ..inbox import Inbox
 from ..plugins import Registries, core_version
 from ..protocol import client as m
 from ..protocol.wire import ReqId
@@ -124,9 +124,7 @@ class _Partition:
         self.lock_waits = LockWaits()
         self.inflight = 0
         self.slot_waiters: list[asyncio.Future[None]] = []  #: submitters waiting for an in-flight slot
-        self.feed: deque[_FeedItem] = deque()  #: received, not yet applied (at most FEED_QUEUE)
-        self.feed_ready: asyncio.Future[None] | None = None  #: the apply task waits here while feed is empty
-        self.feed_space: asyncio.Future[None] | None = None  #: the stream reader waits here while feed is full
+        self.feed: Inbox[_FeedItem] = Inbox(FEED_QUEUE)  #: received, not yet applied; the stream reader waits when full
         self.consumer: asyncio.Task[None] | None = None
         self.own: dict[int, _Own] = {}
         self.flushes: dict[int, asyncio.Future[None]] = {}
@@ -146,40 +144,6 @@ class _Partition:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-
-    def push_feed(self, item: _FeedItem) -> asyncio.Future[None] | None:
-        """Queue a feed record for the apply task; a future to await when the queue is full."""
-        feed = self.feed
-        feed.append(item)
-        waiter = self.feed_ready
-        if waiter is not None:
-            self.feed_ready = None
-            if not waiter.done():
-                waiter.set_result(None)
-        if len(feed) >= FEED_QUEUE:
-            if self.feed_space is None or self.feed_space.done():
-                self.feed_space = asyncio.get_running_loop().create_future()
-            return self.feed_space
-        return None
-
-    def take_feed(self, max_count: int) -> list[_FeedItem]:
-        """Up to ``max_count`` queued feed records, oldest first; wakes a reader waiting for room."""
-        feed = self.feed
-        popleft = feed.popleft
-        batch = [popleft() for _ in range(min(len(feed), max_count))]
-        self.release_feed_space()
-        return batch
-
-    def clear_feed(self) -> None:
-        self.feed.clear()
-        self.release_feed_space()
-
-    def release_feed_space(self) -> None:
-        space = self.feed_space
-        if space is not None and len(self.feed) < FEED_QUEUE:
-            self.feed_space = None
-            if not space.done():
-                space.set_result(None)
 
 
 class AsyncWaltzClient:
@@ -342,7 +306,7 @@ class AsyncWaltzClient:
         if p.consumer is not None:
             p.consumer.cancel()
             await asyncio.gather(p.consumer, return_exceptions=True)
-        p.clear_feed()  # a stream reader waiting for room must not wait for a consumer that is gone
+        p.feed.clear()  # a stream reader waiting for room must not wait for a consumer that is gone
         self._unbind(p)
         self._data_reader.forget(p.id)
 
@@ -438,9 +402,7 @@ class AsyncWaltzClient:
         p = self._partitions.get(msg.req_id.partition_id)
         if p is None or p.state == "inactive":
             return
-        if t is m.FeedData:
-            await self._on_feed(p, msg)
-        elif t is m.MountResponse:
+        if t is m.MountResponse:
             self._on_mount_response(p, msg)
         elif t is m.LockFailure:
             self._on_lock_failure(p, msg)
@@ -456,14 +418,7 @@ class AsyncWaltzClient:
         else:
             log.warning("client %d: unexpected %s on the stream from %s", self._client_id, t.__name__, link.endpoint)
 
-    async def _on_feed(self, p: _Partition, msg: m.FeedData) -> None:
-        q = msg.req_id
-        waiting = self._on_feed_fields(None, (q.client_id, q.generation, q.partition_id, q.seq_num,
-                                              msg.transaction_id, msg.header))
-        if waiting is not None:
-            await waiting
-
-    def _on_feed_fields(self, link: ServerLink | None, fields: tuple[int, int, int, int, int, int]
+    def _on_feed_fields(self, link: ServerLink, fields: tuple[int, int, int, int, int, int]
                         ) -> asyncio.Future[None] | None:
         """One feed record (the stream reader's fast path, no message object); returns a future
         to await when the partition's feed queue is full."""
@@ -485,7 +440,7 @@ class AsyncWaltzClient:
             p.received = tid
             if p.flush_targets:
                 self._check_flushes(p)
-        return p.push_feed((tid, header, ReqId(client_id, generation, pid, seq), own))
+        return p.feed.put((tid, header, ReqId(client_id, generation, pid, seq), own))
 
     def _on_mount_response(self, p: _Partition, msg: m.MountResponse) -> None:
         if msg.req_id != p.mount_req:
@@ -718,13 +673,11 @@ class AsyncWaltzClient:
 
     async def _consume(self, p: _Partition) -> None:
         """The partition's apply task: strictly in order, ids other than hwm + 1 ignored."""
-        loop = asyncio.get_running_loop()
+        feed = p.feed
         while True:
-            if not p.feed:
-                p.feed_ready = waiter = loop.create_future()
-                await waiter
-                continue
-            batch = p.take_feed(APPLY_BATCH)
+            if not feed:
+                await feed.wait()
+            batch = feed.take(APPLY_BATCH)
             if self._dispatch.threaded:
                 failure = await self._dispatch.call(p.id, self._apply_batch_sync, p, batch)
             else:
@@ -797,7 +750,7 @@ class AsyncWaltzClient:
 
     async def _after_apply_failure(self, p: _Partition) -> None:
         """Drop what is queued and re-mount from the client high-water mark (redelivery)."""
-        p.clear_feed()
+        p.feed.clear()
         # p.received stays: flush() waits until the redelivered transactions are applied
         p.apply_failures += 1
         delay = min(0.05 * 2 ** (p.apply_failures - 1), 5.0)

@@ -35,9 +35,8 @@ class ServerLink:
                  reconnect_delay: float, next_net_seq: Callable[[], int],
                  on_connected: Callable[[ServerLink], None],
                  on_message: Callable[[ServerLink, Any], Awaitable[None]],
-                 on_lost: Callable[[ServerLink], None],
-                 on_feed: Callable[[ServerLink, tuple[int, int, int, int, int, int]], Awaitable[None] | None]
-                 | None = None) -> None:
+                 on_feed: Callable[[ServerLink, tuple[int, int, int, int, int, int]], Awaitable[None] | None],
+                 on_lost: Callable[[ServerLink], None]) -> None:
         self.endpoint = endpoint
         self.partitions: set[int] = set()
         self.net_seq = 0  #: sequence number of the current stream network client
@@ -118,9 +117,9 @@ class ServerLink:
                     frame = await recv()
                     # Feed records are most of the stream: their fields go to on_feed without
                     # message objects; it returns an awaitable only when its queue is full.
-                    fields = unpack_feed_data(frame) if on_feed is not None else None
+                    fields = unpack_feed_data(frame)
                     if fields is not None:
-                        waiting = on_feed(self, fields)  # type: ignore[misc]
+                        waiting = on_feed(self, fields)
                         if waiting is not None:
                             await waiting
                     else:

@@ -29,6 +29,7 @@ from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.wire import Record, RecordHeader, ReqId
 from ..metrics import Histogram
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
+from ..inbox import Inbox
 from .caches import DataCache, FeedCache
 from .link import ClientLink
 
@@ -133,12 +134,8 @@ class Partition:
         self._range_max_bytes = max(1, min(DATA_RANGE_MAX_BYTES, max_frame_size // 4))
         self.high_water_mark = -1
         self.ready = False
-        # Appends, flushes and mounts in arrival order. A deque and two futures rather than an
-        # asyncio.Queue: put/get cost a coroutine and waiter bookkeeping per append.
-        self._inbox: deque[tuple[m.AppendRequest, ClientLink] | _Barrier] = deque()
-        self._inbox_limit = max(1, config.append_queue_size)
-        self._inbox_ready: asyncio.Future[None] | None = None  #: the append task waits here when empty
-        self._inbox_space: asyncio.Future[None] | None = None  #: readers wait here when full
+        #: appends, flushes and mounts in arrival order; connection readers wait while it is full
+        self._inbox: Inbox[tuple[m.AppendRequest, ClientLink] | _Barrier] = Inbox(config.append_queue_size)
         self._pending: deque[_Pending] = deque()
         self._feed_cache = FeedCache(config.feed_cache_size)
         self._data_cache = DataCache(config.transaction_data_cache_size)
@@ -179,9 +176,7 @@ class Partition:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._inbox.clear()
-        if self._inbox_space is not None and not self._inbox_space.done():
-            self._inbox_space.set_result(None)  # a reader waiting for room must not wait for a closed partition
+        self._inbox.clear()  # a reader waiting for room must not wait for a closed partition
         for slot in self._clients.values():
             slot.link.post(m.FeedSuspended(ReqId(0, self.generation, self.partition_id, 0)))
         self._clients.clear()
@@ -201,10 +196,10 @@ class Partition:
         t = type(msg)
         if t is m.AppendRequest:
             link.inbound_added()
-            return self._enqueue((msg, link))
+            return self._inbox.put((msg, link))
         if t is m.MountRequest or t is m.FlushRequest:
             link.inbound_added()
-            return self._enqueue(_Barrier(msg, link))
+            return self._inbox.put(_Barrier(msg, link))
         if t is m.FeedRequest:
             self._restart_feed(msg, link)
         elif t is m.TransactionDataRequest:
@@ -216,20 +211,6 @@ class Partition:
         else:
             log.warning("partition %d: unexpected %s from %s", self.partition_id, t.__name__, link.peer)
         return None
-
-    def _enqueue(self, item: tuple[m.AppendRequest, ClientLink] | _Barrier) -> asyncio.Future[None] | None:
-        inbox = self._inbox
-        inbox.append(item)
-        waiter = self._inbox_ready
-        if waiter is not None:
-            self._inbox_ready = None
-            if not waiter.done():
-                waiter.set_result(None)
-        if len(inbox) < self._inbox_limit:
-            return None
-        if self._inbox_space is None or self._inbox_space.done():
-            self._inbox_space = asyncio.get_running_loop().create_future()
-        return self._inbox_space
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -247,18 +228,10 @@ class Partition:
 
     async def _append_loop(self) -> None:
         inbox = self._inbox
-        loop = asyncio.get_running_loop()
         while True:
             if not inbox:
-                self._inbox_ready = waiter = loop.create_future()
-                await waiter
-                continue
+                await inbox.wait()
             item = inbox.popleft()
-            space = self._inbox_space
-            if space is not None and len(inbox) < self._inbox_limit:
-                self._inbox_space = None
-                if not space.done():
-                    space.set_result(None)
             (item.link if type(item) is _Barrier else item[1]).inbound_done()  # type: ignore[union-attr]
             try:
                 if type(item) is _Barrier:

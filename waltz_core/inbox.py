@@ -1,0 +1,74 @@
+"""A bounded FIFO from producers to one consumer task, for per-transaction paths.
+
+It does what an ``asyncio.Queue(maxsize)`` does, with two differences that matter once per
+transaction: ``put`` is a plain call that returns a future to await only when the inbox is full,
+and the consumer takes what is queued without a coroutine per item. ``asyncio.Queue`` spends a
+coroutine and waiter bookkeeping on every put and get. Event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Inbox(Generic[T]):
+    __slots__ = ("_items", "limit", "_ready", "_space")
+
+    def __init__(self, limit: int) -> None:
+        self._items: deque[T] = deque()
+        self.limit = max(1, limit)
+        self._ready: asyncio.Future[None] | None = None  #: the consumer waits here while empty
+        self._space: asyncio.Future[None] | None = None  #: producers wait here while full (shared)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: T) -> asyncio.Future[None] | None:
+        """Queue ``item`` (always); a future to await before the next put when the inbox is full."""
+        items = self._items
+        items.append(item)
+        ready = self._ready
+        if ready is not None:
+            self._ready = None
+            if not ready.done():
+                ready.set_result(None)
+        if len(items) < self.limit:
+            return None
+        if self._space is None or self._space.done():
+            self._space = asyncio.get_running_loop().create_future()
+        return self._space
+
+    async def wait(self) -> None:
+        """Return once something is queued (the consumer; one at a time)."""
+        while not self._items:
+            self._ready = ready = asyncio.get_running_loop().create_future()
+            await ready
+
+    def popleft(self) -> T:
+        """The oldest item (IndexError when empty)."""
+        item = self._items.popleft()
+        self._release()
+        return item
+
+    def take(self, max_count: int) -> list[T]:
+        """Up to ``max_count`` items, oldest first."""
+        popleft = self._items.popleft
+        batch = [popleft() for _ in range(min(len(self._items), max_count))]
+        self._release()
+        return batch
+
+    def clear(self) -> None:
+        """Drop everything; producers waiting for room go on (nothing will drain them otherwise)."""
+        self._items.clear()
+        self._release()
+
+    def _release(self) -> None:
+        space = self._space
+        if space is not None and len(self._items) < self.limit:
+            self._space = None
+            if not space.done():
+                space.set_result(None)
