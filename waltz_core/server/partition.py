@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -82,7 +83,7 @@ class Store(Protocol):
 
     async def read_record(self, transaction_id: int) -> Record | None: ...
 
-    async def read_records(self, first: int, max_count: int) -> list[Record]:
+    async def read_records(self, first: int, max_count: int) -> Sequence[Record]:
         """Records ``first, first + 1, ...`` (at most ``max_count``, maybe fewer) in one storage read."""
 
     async def close(self) -> None: ...

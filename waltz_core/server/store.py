@@ -22,7 +22,7 @@ import asyncio
 import logging
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import islice
 from typing import Protocol
 
@@ -428,11 +428,11 @@ class ReplicatedStore:
         records = await self._read(transaction_id, lambda r, sid: r.api.record_list(sid, self.partition_id, transaction_id, 1))
         return records[0] if records else None
 
-    async def read_records(self, first: int, max_count: int) -> list[Record]:
+    async def read_records(self, first: int, max_count: int) -> Sequence[Record]:
         """Records ``first, first + 1, ...`` in one storage read: at most ``max_count``, fewer when
-        the replica's answer is bounded (its frame size) or it holds fewer."""
-        records = await self._read(first, lambda r, sid: r.api.record_list(sid, self.partition_id, first, max_count))
-        return list(records)
+        the replica's answer is bounded (its frame size) or it holds fewer. The replica's batch as
+        it came: each Record is decoded only when iterated."""
+        return await self._read(first, lambda r, sid: r.api.record_list(sid, self.partition_id, first, max_count))
 
     async def _read(self, needed: int, call: Callable[[_ReplicaSession, int], Awaitable[list]]) -> list:  # type: ignore[type-arg]
         last: Exception | None = None
