@@ -733,19 +733,19 @@ class AsyncWaltzClient:
                 own = p.own.get(tid)
             if own is not None and not own.completed:
                 own.completed = True
-                _safe(own.context.on_completion, True)
+                _call_logged(own.context.on_completion, True)
             txn = Transaction(p.id, tid, header, req_id, self)
             try:
                 apply(txn)
             except Exception as exc:
                 log.warning("client %d: apply_transaction(partition %d, transaction %d) failed: %r",
                             self._client_id, p.id, tid, exc)
-                _safe(self.callbacks.uncaught_exception, p.id, tid, exc)
+                _call_logged(self.callbacks.uncaught_exception, p.id, tid, exc)
                 return exc
             p.hwm = tid
             if own is not None:
                 p.own.pop(tid, None)
-                _safe(own.context.on_application)
+                _call_logged(own.context.on_application)
         return None
 
     async def _after_apply_failure(self, p: _Partition) -> None:
@@ -887,8 +887,8 @@ class AsyncWaltzClient:
 
 
 def _call_logged(fn: Callable[..., Any], *args: Any) -> Awaitable[Any] | None:
-    """Call an application callback on the loop; its exception is logged. Returns the awaitable
-    an ``async def`` callback gave (for :func:`_await_logged`), else None."""
+    """Call an application callback; its exception is logged, never raised. Returns the awaitable
+    an ``async def`` callback gave (for :func:`_await_logged` on the loop), else None."""
     try:
         result = fn(*args)
     except Exception:
@@ -903,9 +903,3 @@ async def _await_logged(pending: Awaitable[Any], fn: Callable[..., Any]) -> None
     except Exception:
         log.exception("%s raised", getattr(fn, "__qualname__", fn))
 
-
-def _safe(fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("%s raised", getattr(fn, "__qualname__", fn))

@@ -34,7 +34,7 @@ from ..config import ClientProcessConfig
 from ..errors import ClientError
 from ..plugins import Registries
 from .api import TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from .core import AsyncWaltzClient, _safe
+from .core import AsyncWaltzClient, _call_logged
 from .discovery import Discovery
 
 log = logging.getLogger("waltz.client")
@@ -159,7 +159,7 @@ class WaltzClient:
         """
         core = self._core
         if context._expired(0):
-            _safe(context.on_expiration)
+            _call_logged(context.on_expiration)
             return
         pid = core._partition_of(context)
         p = self._run(core._acquire(pid, self.config.client.mount_timeout))
@@ -168,14 +168,14 @@ class WaltzClient:
             ok = context.execute(builder)
         except Exception as exc:
             self._loop.call_soon_threadsafe(p.release_slot)
-            _safe(context.on_exception, exc)
+            _call_logged(context.on_exception, exc)
             raise
         except BaseException:
             self._loop.call_soon_threadsafe(p.release_slot)
             raise
         if not ok:
             self._loop.call_soon_threadsafe(p.release_slot)
-            _safe(context.on_completion, False)
+            _call_logged(context.on_completion, False)
             return
         self._loop.call_soon_threadsafe(core._send, p, context, builder, 1)
 
