@@ -437,8 +437,14 @@ class ZmqConnection:
         interval, timeout = self._opts.heartbeat_interval, self._opts.heartbeat_timeout
         tick = min(t for t in (interval, timeout / 4) if t > 0)
         while not self._closed:
+            due = self._loop.time() + tick
             await asyncio.sleep(tick)
             now = self._loop.time()
+            lateness = now - due
+            if lateness > tick:
+                # Our own event loop was stalled (GC pause, slow callback): silence we could not
+                # observe is no evidence against the peer.
+                self._last_recv += lateness
             if timeout and now - self._last_recv > timeout:
                 error = PeerTimeoutError(f"no message from {self._peer} for {now - self._last_recv:.1f}s")
                 log.warning("closing connection to %s: %s", self._peer, error)
