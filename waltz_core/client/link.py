@@ -180,6 +180,9 @@ class ServerLink:
                     channel = await self._connect()
                 except TimeoutError as exc:
                     raise ConnectionClosedError(f"RPC connection to {self.endpoint} timed out") from exc
+                if self._closed:  # closed while connecting: close() did not see this channel
+                    await channel.close()
+                    raise ClientClosedError("the client is closed")
                 self._rpc = channel
                 self._rpc_reader = asyncio.get_running_loop().create_task(self._read_rpc(channel))
             return self._rpc

@@ -8,10 +8,11 @@ only, so a peer's bad bytes never take a process down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConnectionClosedError, HandshakeError, PeerTimeoutError
+from ..errors import ConnectionClosedError, PeerTimeoutError
 from ..protocol import Family
 from ..protocol.handshake import Hello, decode_hello, encode_hello, negotiate
 from .base import Connection
@@ -32,19 +33,23 @@ class MessageChannel:
 
     @classmethod
     async def open(cls, conn: Connection, family: Family, role: str, timeout: float = 10.0) -> MessageChannel:
-        """Exchange hellos (both sides send first, then read) and agree on a version."""
+        """Exchange hellos (both sides send first, then read) and agree on a version.
+
+        The connection is closed when the handshake does not complete, for whatever reason
+        (including the caller being cancelled): it belongs to nobody else yet."""
         local = Hello(family.protocol, family.versions, role)
-        await conn.send(encode_hello(local))
         try:
-            frame = await asyncio.wait_for(conn.recv(), timeout)
-        except TimeoutError:
-            await conn.close()
-            raise PeerTimeoutError(f"no hello from {conn.peer} within {timeout}s") from None
-        try:
+            await conn.send(encode_hello(local))
+            try:
+                frame = await asyncio.wait_for(conn.recv(), timeout)
+            except TimeoutError:
+                raise PeerTimeoutError(f"no hello from {conn.peer} within {timeout}s") from None
             remote = decode_hello(frame)
             version = negotiate(local, remote)
-        except HandshakeError:
-            await conn.close()
+        except BaseException:
+            # Shielded: a second cancellation must not leave the connection half-closed.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(conn.close())
             raise
         return cls(conn, family, version, remote.role)
 
