@@ -17,10 +17,11 @@ from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 async def test_short_smoketest_local_coordination(tmp_path: Path) -> None:
-    # Faults a little shorter and denser than the defaults so that 50 s of load carries >= 50 faults.
-    result = await run_smoketest(SmokeOptions(tmp_path, duration=50.0, seed=11, fault_hold=(0.3, 1.1),
+    # Faults a little shorter and denser than the defaults so that 50 s of load carries >= 50 faults;
+    # a slower machine (restarts take longer) goes on until it has, rather than failing the count.
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=50.0, min_faults=50, seed=11, fault_hold=(0.3, 1.1),
                                               fault_gap=(0.1, 0.4)))
     print("\n".join(result.report()))
     assert result.verdict.ok, "\n".join(result.report())
@@ -32,10 +33,11 @@ async def test_short_smoketest_local_coordination(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 async def test_short_smoketest_zookeeper_with_coordination_restarts(tmp_path: Path) -> None:
     require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
-    result = await run_smoketest(SmokeOptions(tmp_path, duration=25.0, coordination="zookeeper", seed=12))
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=25.0, min_faults=15, coordination="zookeeper",
+                                              seed=12))
     print("\n".join(result.report()))
     assert result.verdict.ok, "\n".join(result.report())
     assert sum(result.faults.values()) >= 15, result.faults

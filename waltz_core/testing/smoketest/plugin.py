@@ -14,6 +14,8 @@ from ...hookspecs import hookimpl
 
 @click.command("smoketest")
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds of load under faults.")
+@click.option("--min-faults", type=click.IntRange(0), default=0, show_default=True,
+              help="Go on past --duration (up to twice it) until this many faults were injected.")
 @click.option("--clients", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--partitions", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--servers", type=click.IntRange(1), default=2, show_default=True)
@@ -27,7 +29,7 @@ from ...hookspecs import hookimpl
 @click.option("--no-nemesis", is_flag=True, help="Load only, no faults.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               help="Working directory (cluster data, logs, history.jsonl); default: a new temporary one.")
-def smoketest_command(duration: float, clients: int, partitions: int, servers: int, storages: int, accounts: int,
+def smoketest_command(duration: float, min_faults: int, clients: int, partitions: int, servers: int, storages: int, accounts: int,
                       coordination: str, connect: str | None, seed: int, no_nemesis: bool,
                       directory: Path | None) -> None:
     """Chaos smoke test: a real cluster, bank transfers, kill -9/pause/proxy faults, a history checker.
@@ -40,7 +42,7 @@ def smoketest_command(duration: float, clients: int, partitions: int, servers: i
     from .runner import SmokeOptions, run_smoketest
 
     directory = directory or Path(tempfile.mkdtemp(prefix="waltz-smoketest-"))
-    opts = SmokeOptions(directory, duration=duration, clients=clients, partitions=partitions, storages=storages,
+    opts = SmokeOptions(directory, duration=duration, min_faults=min_faults, clients=clients, partitions=partitions, storages=storages,
                         servers=servers, accounts=accounts, coordination=coordination, connect=connect, seed=seed,
                         nemesis=not no_nemesis)
     click.echo(f"smoketest in {directory}: {storages} storages, {servers} servers, {coordination} coordination, "

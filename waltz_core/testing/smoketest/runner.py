@@ -50,6 +50,9 @@ class SmokeOptions:
 
     directory: Path
     duration: float = 60.0
+    #: keep the load and faults going past ``duration`` until this many faults were injected
+    #: (fault count, not machine speed, is what a run must cover), at most ``2 * duration`` in all
+    min_faults: int = 0
     clients: int = 2
     partitions: int = 3
     storages: int = 3
@@ -334,7 +337,16 @@ async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses,
             if procs.coordination is not None and opts.coordination_faults:
                 lanes.append(asyncio.ensure_future(nemesis.coordination_lane(stop)))
         start = time.monotonic()
-        while time.monotonic() - start < opts.duration and not (cluster_hook and lanes[0].done()):
+
+        def going_on() -> bool:
+            if cluster_hook and lanes[0].done():
+                return False
+            elapsed = time.monotonic() - start
+            if elapsed < opts.duration:
+                return True
+            return sum(nemesis.counts.values()) < opts.min_faults and elapsed < 2 * opts.duration
+
+        while going_on():
             await asyncio.sleep(0.25)
             if progress is not None:
                 progress(time.monotonic() - start, {**counts, "faults": sum(nemesis.counts.values()),
