@@ -21,6 +21,7 @@ from waltz_core.protocol import CLIENT
 from waltz_core.protocol import client as m
 from waltz_core.protocol.wire import ReqId, crc32
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
+from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.transport import MessageChannel, open_transport
 
 pytestmark = pytest.mark.timeout(60)
@@ -198,7 +199,6 @@ async def test_http_health_and_metrics(cluster: InProcessCluster) -> None:
     await a.mount()
     await a.append(b"m")
     await a.flush()
-    await asyncio.sleep(1.2)  # the per-partition gauges refresh once a second
     base = f"http://{server.http_address}"
 
     def get(path: str) -> tuple[int, bytes]:
@@ -208,6 +208,11 @@ async def test_http_health_and_metrics(cluster: InProcessCluster) -> None:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
+
+    async def gauges_refreshed() -> bool:  # the per-partition gauges refresh once a second
+        return b'waltz_server_high_water_mark{partition="0"} 0' in (await asyncio.to_thread(get, "/metrics"))[1]
+
+    await eventually(gauges_refreshed, 10, "the high-water-mark gauge shows the append")
 
     status, body = await asyncio.to_thread(get, "/health")
     assert status == 200 and json.loads(body)["partitions"] == {"0": True, "1": True}
