@@ -77,10 +77,13 @@ async def test_server_restart_under_load_loses_no_acknowledged_transaction(clust
     done = threading.Event()
     errors: list[BaseException] = []
     ctxs: list = []
+    server_stopped = threading.Event()
 
     def produce(client: WaltzClient) -> None:
         try:
             for i in range(40):
+                if i == 10:  # the other 30 are submitted while the server is down or restarting
+                    server_stopped.wait(30)
                 ctxs.append(apps.Increment(app, f"k{i % 2}", i % 2))
                 client.submit(ctxs[-1])
             client.flush(timeout=60)
@@ -93,8 +96,12 @@ async def test_server_restart_under_load_loses_no_acknowledged_transaction(clust
     try:
         producer = threading.Thread(target=produce, args=(client,))
         producer.start()
-        await asyncio.sleep(0.2)
+        for _ in range(600):
+            if len(ctxs) >= 10:
+                break
+            await asyncio.sleep(0.05)
         await cluster.stop_server(0)  # its partitions move to the other server
+        server_stopped.set()
         await asyncio.sleep(0.5)
         await cluster.start_server(0)
         while not done.is_set():
@@ -135,8 +142,13 @@ async def test_a_slow_application_holds_the_feed_back_without_losing_or_reorderi
 
     reader = AsyncWaltzClient(Stuck(), config)
     async with reader:
-        await asyncio.sleep(1.0)  # the feed of 60 arrives; the reader must stop at the bound
-        queued = len(reader._partitions[0].feed)
+        feed = reader._partitions[0].feed
+        for _ in range(200):  # the feed of 60 arrives; the reader must stop at the bound
+            if len(feed) >= core.FEED_QUEUE:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # time for an unbounded reader to go past the bound
+        queued = len(feed)
         assert 1 <= queued <= core.FEED_QUEUE
         gate.set()
         for _ in range(200):  # flush() covers only what was received; the rest is still arriving

@@ -16,6 +16,7 @@ from waltz_core.client import (
 from waltz_core.errors import ChecksumError, ClientError
 from waltz_core.locks.exact import ExactLockTable
 from waltz_core.locks.base import LockRequest
+from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.testing.mock_cluster import MockCluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -148,10 +149,11 @@ async def test_lock_failure_waits_until_the_conflicting_transaction_is_applied(a
             await slow.wait_mounted(5)
             cluster.suspend_feed()  # slow does not see the writer's commit...
             await writer.submit(apps.Increment(writer_app, "k", 0))
-            await asyncio.sleep(0.05)
+            await eventually(lambda: len(cluster.transactions(0)) == 1, 10, "the writer's commit")
             ctx = apps.Increment(slow_app, "k", 0)
             await slow.submit(ctx)  # ...so its stale increment fails on the lock
-            await asyncio.sleep(0.1)
+            await eventually(lambda: bool(ctx.events), 10, "the stale increment's outcome")
+            await asyncio.sleep(0.1)  # a blind retry would show up here
             assert ctx.events == ["lock_failure"] and ctx.executions == 1  # not retried blind
             cluster.resume_feed()
             await slow.flush()

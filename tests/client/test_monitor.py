@@ -82,9 +82,11 @@ def test_expiry_by_retry_limit_and_deadline() -> None:
     assert not ctx._expired(2)  # two executions done: one retry left
     assert ctx._expired(3)
     timed = Ctx(timeout=0.05)
-    assert not timed._expired(10)
+    created = timed._created_monotonic
+    assert not timed._expired(10, now=created + 0.04)
+    assert timed._expired(0, now=created + 0.06)
     time.sleep(0.06)
-    assert timed._expired(0)
+    assert timed._expired(0)  # the default clock is time.monotonic()
     assert not Ctx()._expired(10**6)
 
 

@@ -14,5 +14,5 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 
 async def test_leader_kill_during_recipe_operations(etcd_ensemble: EtcdServer) -> None:
-    config = CoordinationConfig(name="etcd", connect=etcd_ensemble.endpoints, session_timeout=6.0)
+    config = CoordinationConfig(name="etcd", connect=etcd_ensemble.endpoints, session_timeout=10.0)
     await leader_kill_scenario(config, etcd_ensemble)

@@ -14,5 +14,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 
 async def test_leader_kill_during_recipe_operations(zookeeper_ensemble: ZooKeeperServer) -> None:
-    config = CoordinationConfig(name="zookeeper", connect=zookeeper_ensemble.connect_string, session_timeout=6.0)
+    # 10 s, the most tickTime 500 ms allows: an election on 2 loaded cores must not expire the session.
+    config = CoordinationConfig(name="zookeeper", connect=zookeeper_ensemble.connect_string, session_timeout=10.0)
     await leader_kill_scenario(config, zookeeper_ensemble)

@@ -79,6 +79,14 @@ async def eventually(predicate: Callable[[], Awaitable[bool]] | Callable[[], boo
         await asyncio.sleep(interval)
 
 
+async def _registered(client: CoordinationBackend, key: str) -> None:
+    """Return once a watch just set on ``key`` is in place: a backend may register it
+    asynchronously (ZooKeeper), but a later request of the same client is answered after it,
+    while a change made through another client is not ordered with it at all."""
+    await client.get(key)
+    await client.children(key)
+
+
 class _Counter:
     """A watch callback that counts its calls and lets a test await the next one."""
 
@@ -340,7 +348,7 @@ class CoordinationConformance:
         await client.create(key, b"0")
         seen = _Counter()
         handle = client.watch(key, seen)
-        await asyncio.sleep(0.3)  # let any initial registration settle
+        await _registered(client, key)
         before = seen.calls
         await other.set(key, b"1")
         await seen.wait_beyond(before, self.event_timeout)
@@ -359,7 +367,7 @@ class CoordinationConformance:
         key = f"{root}/later"
         seen = _Counter()
         client.watch(key, seen)
-        await asyncio.sleep(0.3)
+        await _registered(client, key)
         before = seen.calls
         await other.create(key, b"x")
         await seen.wait_beyond(before, self.event_timeout)
@@ -373,7 +381,7 @@ class CoordinationConformance:
         await client.create(parent, b"")
         seen = _Counter()
         client.watch(parent, seen)
-        await asyncio.sleep(0.3)
+        await _registered(client, parent)
         before = seen.calls
         await other.create(f"{parent}/child", b"x")
         await seen.wait_beyond(before, self.event_timeout)
@@ -391,7 +399,7 @@ class CoordinationConformance:
         await owner.create_sequential(f"{parent}/s_", b"me", ephemeral=True)
         seen = _Counter()
         client.watch(parent, seen)
-        await asyncio.sleep(0.3)
+        await _registered(client, parent)
         before = seen.calls
         await self._expire(owner)
         await seen.wait_beyond(before, self.event_timeout)
