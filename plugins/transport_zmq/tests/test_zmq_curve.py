@@ -102,13 +102,11 @@ async def test_clients_without_valid_credentials_are_refused(
 
     server = make(**_server_options(certs))
     listener = await server.listen("127.0.0.1", 0, handler)
-    loop = asyncio.get_running_loop()
 
-    # No CURVE at all: the handshake mechanisms differ.
-    started = loop.time()
+    # No CURVE at all: the handshake mechanisms differ. The message shows the refusal came from
+    # the handshake, not from the connect timeout (which says "no answer").
     with pytest.raises(ConnectError, match="security handshake failed"):
         await make().connect(listener.address)
-    assert loop.time() - started < 2.0, "refusal must be reported by the handshake, not by the timeout"
     # A valid key pair that is not in the allowed set: ZAP refuses it.
     with pytest.raises(ConnectError, match="refused our CURVE credentials"):
         await make(**_client_options(certs, "intruder")).connect(listener.address)
