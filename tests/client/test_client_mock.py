@@ -334,3 +334,42 @@ def test_sync_client_refuses_flush_from_an_apply_callback() -> None:
                 time.sleep(0.01)
             assert isinstance(app.error, ClientError)
             client.flush()
+
+
+async def test_a_released_slot_passes_to_the_oldest_waiter_only() -> None:
+    from waltz_core.client.core import _Partition
+
+    p = _Partition(0)
+    p.inflight = 2  # the cap is reached
+    loop = asyncio.get_running_loop()
+    waiters = [loop.create_future() for _ in range(3)]
+    p.slot_waiters.extend(waiters)
+    waiters[0].cancel()  # a waiter that gave up is skipped
+    p.release_slot()
+    assert [w.done() and not w.cancelled() for w in waiters] == [False, True, False]
+    assert waiters[1].result() is True and p.inflight == 2  # the slot passed on, still counted
+    p.release_slot()
+    assert waiters[2].result() is True and p.inflight == 2
+    p.release_slot()  # nobody waits: the slot is freed
+    assert p.inflight == 1
+    p.slot_waiters.append(last := loop.create_future())
+    p.wake_slot_waiters()  # a state change: re-check, no slot
+    assert last.result() is False and p.inflight == 1
+
+
+async def test_a_burst_far_above_the_cap_commits_every_transaction_in_submit_order(apps) -> None:
+    async with MockCluster(1) as cluster:
+        app = apps.AsyncCounterApp()
+        config = cluster.client_process_config()
+        cap = config.client.max_concurrent_transactions
+        async with cluster.async_client(app) as client:
+            await client.wait_mounted(5)
+            n = 100 * cap
+            ctxs = [apps.Increment(app, f"k{i}", 0) for i in range(n)]  # distinct keys: no lock failures
+            submits = [asyncio.create_task(client.submit(c)) for c in ctxs]
+            async with asyncio.timeout(60):
+                await asyncio.gather(*submits)
+                await client.flush()
+        assert all(c.events[-1] == "application" and c.executions == 1 for c in ctxs)
+        keys = [apps.JSON.deserialize(t.data)["key"] for t in cluster.transactions(0)]
+        assert keys == [f"k{i}" for i in range(n)]  # slots are handed out first come, first served

@@ -30,6 +30,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -123,7 +124,9 @@ class _Partition:
         self.monitor = TransactionMonitor()
         self.lock_waits = LockWaits()
         self.inflight = 0
-        self.slot_waiters: list[asyncio.Future[None]] = []  #: submitters waiting for an in-flight slot
+        #: submitters waiting for an in-flight slot, first come first served; a waiter's future is
+        #: set True when a released slot passes to it, False to make it re-check the partition
+        self.slot_waiters: deque[asyncio.Future[bool]] = deque()
         self.feed: Inbox[_FeedItem] = Inbox(FEED_QUEUE)  #: received, not yet applied; the stream reader waits when full
         self.consumer: asyncio.Task[None] | None = None
         self.own: dict[int, _Own] = {}
@@ -135,15 +138,23 @@ class _Partition:
         return next(self._seq) & _SEQ_MASK
 
     def release_slot(self) -> None:
+        """Pass the slot to the oldest waiter, if any, else free it. One wake-up per released slot:
+        waking every waiter made each release cost O(waiters), and a burst above the in-flight
+        cap collapsed the client (measured: 11 transactions/s offered 12,000/s with 64 slots)."""
+        waiters = self.slot_waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():  # done: it timed out or was cancelled; skip it
+                fut.set_result(True)
+                return
         self.inflight -= 1
-        if self.slot_waiters:
-            self.wake_slot_waiters()
 
     def wake_slot_waiters(self) -> None:
-        waiters, self.slot_waiters = self.slot_waiters, []
+        """Make every waiter re-check the partition (closed, unmounted), without a slot."""
+        waiters, self.slot_waiters = self.slot_waiters, deque()
         for fut in waiters:
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(False)
 
 
 class AsyncWaltzClient:
@@ -563,13 +574,18 @@ class AsyncWaltzClient:
             if p.inflight < self._cap:
                 p.inflight += 1
                 return p
-            slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             p.slot_waiters.append(slot)
             try:
-                await asyncio.wait_for(slot, SLOT_WAIT)
+                if await asyncio.wait_for(slot, SLOT_WAIT):
+                    return p  # a released slot was passed to us: inflight already counts it
             except TimeoutError:
                 if not p.flushes:  # original: after 10 s the client flushes and tries again
                     self._send_flush(p)
+            except asyncio.CancelledError:
+                if slot.done() and not slot.cancelled() and slot.result():
+                    p.release_slot()  # handed a slot as we were cancelled: pass it on
+                raise
 
     def _send(self, p: _Partition, ctx: TransactionContext, builder: TransactionBuilder, attempts: int) -> None:
         """Send the append (the slot is taken); its fate comes from the stream."""
