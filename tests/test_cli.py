@@ -38,6 +38,13 @@ class BoomCommands:
         def boom() -> None:
             raise ConfigError("server.toml: server.port: expected an integer, got 'x'")
 
+        @cli.command("verdict")
+        @click.argument("code", type=int)
+        def verdict(code: int) -> None:
+            """Ends as `waltz smoketest` and `waltz demo quickstart` do when their check fails."""
+            click.echo("checked")
+            raise click.exceptions.Exit(code)
+
 
 @pytest.fixture
 def with_boom(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,6 +74,13 @@ def test_waltz_error_prints_one_line_and_exits_1(with_boom: None, capsys: pytest
     assert code == 1
     assert out == ""
     assert err == "error: server.toml: server.port: expected an integer, got 'x'\n"
+
+
+def test_a_command_s_exit_code_is_the_process_exit_code(with_boom: None, capsys: pytest.CaptureFixture[str]) -> None:
+    # Regression: under standalone_mode=False click *returns* an Exit's code, and main() dropped
+    # it, so a failed smoketest or quickstart exited 0.
+    assert run_main(["verdict", "1"], capsys) == (1, "checked\n", "")
+    assert run_main(["verdict", "0"], capsys) == (0, "checked\n", "")
 
 
 def test_waltz_debug_shows_the_traceback(with_boom: None, monkeypatch: pytest.MonkeyPatch,

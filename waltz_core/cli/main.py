@@ -36,7 +36,11 @@ def build_cli() -> click.Group:
 def main(argv: list[str] | None = None) -> None:
     try:
         cli = build_cli()
-        cli.main(args=argv, prog_name="waltz", standalone_mode=False)
+        # Without standalone mode click *returns* the code of a click.exceptions.Exit (how
+        # commands report a failed check) instead of exiting with it.
+        code = cli.main(args=argv, prog_name="waltz", standalone_mode=False)
+        if type(code) is int and code != 0:
+            sys.exit(code)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
