@@ -7,6 +7,11 @@ figures are only checked to be consistent with each other.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -70,3 +75,47 @@ def test_produce_without_locks_or_faults_reports_no_retries_and_cpu_per_process(
     cpu = out["cpu_us_per_txn"]
     assert set(cpu) == {"client", "server", "storages"}
     assert all(v > 0 for v in cpu.values())
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc; the project runs on Linux)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_the_local_cluster() -> None:
+    # `timeout 60 waltz perf produce --local` used to leave its 3 storages and server running.
+    perf = subprocess.Popen([sys.executable, "-m", "waltz_core.cli", "perf", "produce", "--local", "--json",
+                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children := _children(perf.pid)) < 4:  # 3 storages and a server
+            assert perf.poll() is None and time.monotonic() < deadline, perf.stderr.read().decode()  # type: ignore[union-attr]
+            time.sleep(0.2)
+        time.sleep(2.0)  # the run is under way
+        perf.send_signal(signal.SIGTERM)
+        _, err = perf.communicate(timeout=60)
+        assert perf.returncode == 128 + signal.SIGTERM, err.decode()
+        assert "terminated" in err.decode()
+        assert [pid for pid in children if _running(pid)] == []
+    finally:
+        if perf.poll() is None:
+            perf.kill()
+            perf.communicate()

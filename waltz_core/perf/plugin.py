@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from ..hookspecs import hookimpl
+
+T = TypeVar("T")
 
 _target_options = [
     click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
@@ -48,6 +51,27 @@ async def _target(config_path: str | None, local: bool, partitions: int, metrics
     async with local_cluster(partitions) as cluster:
         yield cluster.client_config, cluster.metrics_urls, {"server": cluster.server_pids,
                                                             "storages": cluster.storage_pids}
+
+
+def _run(main: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run(main())`` where SIGTERM (``timeout``, ``kill``) cancels the run as Ctrl-C does,
+    so that a ``--local`` cluster is stopped instead of left running without its parent."""
+
+    async def guarded() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await main()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(guarded())
+    except asyncio.CancelledError:
+        click.echo("waltz perf: terminated (SIGTERM); the local cluster was stopped", err=True)
+        raise click.exceptions.Exit(128 + signal.SIGTERM) from None
 
 
 def _quiet() -> None:
@@ -164,7 +188,7 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
                 notes.extend(f"  {line}" for line in top_functions(profile_path))
         return result, notes
 
-    result, notes = asyncio.run(main())
+    result, notes = _run(main)
     if plot_path is not None:
         notes.append(_plot(result, plot_path))
     if as_json:
@@ -212,7 +236,7 @@ def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[st
                                                  read_ahead=read_ahead, progress=update))
         return results
 
-    results = asyncio.run(main())
+    results = _run(main)
     if as_json:
         click.echo(json.dumps({"consume": [r.to_json() for r in results]}))
     else:
