@@ -166,13 +166,15 @@ class _Run:
 
 class _PerfTransaction(TransactionContext):
     def __init__(self, run: _Run, partition: int, lock: PartitionLocalLock | None,
-                 done: asyncio.Future[None] | None) -> None:
+                 done: asyncio.Future[None] | None, scheduled: float | None = None) -> None:
         super().__init__()
         self.run = run
         self.partition = partition
         self.lock = lock
         self.done = done
-        self.started = time.perf_counter()
+        #: latency starts here: the open loop's scheduled arrival, so a driver that falls behind
+        #: its schedule (timer resolution, a busy loop) cannot hide that delay
+        self.started = time.perf_counter() if scheduled is None else scheduled
         self.measured = run.measuring
         self.attempts = 0
 
@@ -347,7 +349,7 @@ async def _open_loop(run: _Run, client: AsyncWaltzClient, partitions: list[int],
             delay = next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            ctx = _PerfTransaction(run, rng.choice(partitions), _pool_lock(run, rng), None)
+            ctx = _PerfTransaction(run, rng.choice(partitions), _pool_lock(run, rng), None, scheduled=next_at)
             task = asyncio.create_task(client.submit(ctx))
             pending.add(task)
             task.add_done_callback(pending.discard)
