@@ -157,6 +157,11 @@ class _Partition:
                 fut.set_result(False)
 
 
+def _handed(slot: asyncio.Future[bool]) -> bool:
+    """True if a released in-flight slot was passed to the waiter of ``slot``."""
+    return slot.done() and not slot.cancelled() and slot.result()
+
+
 class AsyncWaltzClient:
     """A Waltz client on the running asyncio event loop.
 
@@ -577,15 +582,19 @@ class AsyncWaltzClient:
             slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             p.slot_waiters.append(slot)
             try:
-                if await asyncio.wait_for(slot, SLOT_WAIT):
-                    return p  # a released slot was passed to us: inflight already counts it
+                await asyncio.wait_for(slot, SLOT_WAIT)
             except TimeoutError:
                 if not p.flushes:  # original: after 10 s the client flushes and tries again
                     self._send_flush(p)
             except asyncio.CancelledError:
-                if slot.done() and not slot.cancelled() and slot.result():
+                if _handed(slot):
                     p.release_slot()  # handed a slot as we were cancelled: pass it on
                 raise
+            # Checked after a timeout too: a slot handed over as the timeout fired is ours.
+            if _handed(slot):
+                if not self._closed and p.ready.is_set() and p.state not in ("ahead", "inactive"):
+                    return p  # inflight already counts the slot passed to us
+                p.release_slot()  # the partition changed while we waited: re-check from the top
 
     def _send(self, p: _Partition, ctx: TransactionContext, builder: TransactionBuilder, attempts: int) -> None:
         """Send the append (the slot is taken); its fate comes from the stream."""
