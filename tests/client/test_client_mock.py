@@ -373,3 +373,26 @@ async def test_a_burst_far_above_the_cap_commits_every_transaction_in_submit_ord
         assert all(c.events[-1] == "application" and c.executions == 1 for c in ctxs)
         keys = [apps.JSON.deserialize(t.data)["key"] for t in cluster.transactions(0)]
         assert keys == [f"k{i}" for i in range(n)]  # slots are handed out first come, first served
+
+
+async def test_waiters_for_slots_survive_a_reconnect_and_each_transaction_commits_once(apps) -> None:
+    async with MockCluster(1) as cluster:
+        app = apps.AsyncCounterApp()
+        cap = cluster.client_process_config().client.max_concurrent_transactions
+        async with cluster.async_client(app) as client:
+            await client.wait_mounted(5)
+            cluster.suspend_feed()  # the first `cap` stay in flight; the rest wait for slots
+            ctxs = [apps.Increment(app, f"k{i}", 0) for i in range(6 * cap)]
+            submits = [asyncio.create_task(client.submit(c)) for c in ctxs]
+            await asyncio.sleep(0.1)
+            assert sum(t.done() for t in submits) == cap
+            cluster.disconnect_clients()  # the link drops with `cap` in flight and the rest waiting
+            await asyncio.sleep(0.1)
+            cluster.resume_feed()
+            async with asyncio.timeout(30):
+                await asyncio.gather(*submits)
+                await client.flush()
+            assert not client.has_pending()
+        assert all(c.events[-1] == "application" for c in ctxs)
+        keys = sorted(apps.JSON.deserialize(t.data)["key"] for t in cluster.transactions(0))
+        assert keys == sorted(f"k{i}" for i in range(6 * cap))  # every one committed, none twice
