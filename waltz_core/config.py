@@ -148,7 +148,7 @@ class ClientConfig:
     """The client library."""
 
     auto_mount: bool = key(True, "Mount every partition; false lets the application choose with set_partitions().")
-    max_concurrent_transactions: int = key(5, "In-flight appends per partition; submit() blocks/awaits above it.")
+    max_concurrent_transactions: int = key(5, "In-flight appends per partition; submit() blocks/awaits above it, and waiting submits get freed slots first come, first served.")
     long_wait_threshold: float = key(5.0, "Seconds after which a partition with pending appends is nudged with a flush.")
     mount_timeout: float = key(10.0, "Seconds to wait for a partition to mount before an append fails.")
     num_retry_workers: int = key(1, "Concurrent re-executions of failed transaction contexts.")
