@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -105,30 +104,6 @@ async def test_router_burst_above_hwm_loses_nothing(transports: list[ZmqTranspor
     assert server_conns[0].stats.credit_waits == 0, "the credit window, not the HWM, stopped the sender"
     await reader.send_multipart([wire.encode_close(wire.CloseReason.NORMAL)])
     reader.close()
-    await listener.close()
-
-
-async def test_own_event_loop_stall_is_not_a_peer_timeout(transports: list[ZmqTransport]) -> None:
-    """A blocked event loop (GC pause, slow callback) must not make us declare a live peer dead."""
-    t = _make(transports, heartbeat_interval=0.1, heartbeat_timeout=0.5)
-    accepted: asyncio.Queue[Connection] = asyncio.Queue()
-
-    async def keep(conn: Connection) -> None:
-        await accepted.put(conn)
-        await asyncio.Event().wait()
-
-    listener = await t.listen("127.0.0.1", 0, keep)
-    client = await t.connect(listener.address)
-    server = await accepted.get()
-    await asyncio.sleep(0.25)
-    time.sleep(1.2)  # stall the loop both ends share, for more than twice the heartbeat timeout
-    await asyncio.sleep(0.3)
-    async with asyncio.timeout(STEP):
-        await client.send(b"ping")
-        assert await server.recv() == b"ping"
-        await server.send(b"pong")
-        assert await client.recv() == b"pong"
-    await client.close()
     await listener.close()
 
 

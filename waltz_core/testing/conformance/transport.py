@@ -26,7 +26,8 @@ Capabilities (tests of capabilities not declared are skipped, like fsspec's ``su
     so the kit can connect or listen with plain sockets (garbage, oversize announcements, torn frames);
 ``heartbeat``
     the transport writes heartbeats when idle and fails a silent peer with PeerTimeoutError within
-    :attr:`TransportConformance.idle_timeout` (plus one heartbeat interval).
+    :attr:`TransportConformance.idle_timeout` (plus one heartbeat interval), but not because its
+    own event loop was stalled.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import contextlib
 import os
 import random
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -649,6 +651,19 @@ class TransportConformance:
             assert await waiting == b"still alive"
             await server.send(b"yes")
             assert await client.recv() == b"yes"
+
+    @requires_capability("heartbeat")
+    async def test_own_event_loop_stall_is_not_a_peer_timeout(self, pair: tuple[Connection, Connection]) -> None:
+        """A blocked event loop (GC pause, slow callback) must not make us declare a live peer dead."""
+        client, server = pair
+        await asyncio.sleep(self.idle_timeout / 2)
+        time.sleep(self.idle_timeout * 2.5)  # stall the loop both ends share, well past the idle timeout
+        await asyncio.sleep(self.idle_timeout / 2)
+        async with asyncio.timeout(STEP_TIMEOUT):
+            await client.send(b"ping")
+            assert await server.recv() == b"ping"
+            await server.send(b"pong")
+            assert await client.recv() == b"pong"
 
     @requires_capability("heartbeat")
     @requires_capability("raw-socket")
