@@ -43,7 +43,7 @@ class Ignore(WaltzClientCallbacks):
         return -1
 
     def apply_transaction(self, txn) -> None:
-        pass
+        """The writer of these tests does not read what it wrote."""
 
 
 class Reader(WaltzClientCallbacks):
