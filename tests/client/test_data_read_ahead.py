@@ -43,7 +43,7 @@ class Ignore(WaltzClientCallbacks):
         return -1
 
     def apply_transaction(self, txn) -> None:
-        """The writer of these tests does not read what it wrote."""
+        """These clients write, or fetch ranges directly: they do not apply the feed."""
 
 
 class Reader(WaltzClientCallbacks):
