@@ -9,6 +9,7 @@ import pytest
 
 from waltz_core.client import AsyncWaltzClient, WaltzClient
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
+from waltz_core.testing.conformance.coordination import eventually
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -96,10 +97,7 @@ async def test_server_restart_under_load_loses_no_acknowledged_transaction(clust
     try:
         producer = threading.Thread(target=produce, args=(client,))
         producer.start()
-        for _ in range(600):
-            if len(ctxs) >= 10:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(ctxs) >= 10, 30, "the producer's first 10 submissions")
         await cluster.stop_server(0)  # its partitions move to the other server
         server_stopped.set()
         await asyncio.sleep(0.5)
