@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,9 @@ class ClusterSpec:
     server_overrides: dict[str, Any] = attrs.Factory(dict)
     http: bool = False
     host: str = "127.0.0.1"
+    #: bind-and-advertise address per node name ("storage-0", "server-1"), for clusters whose
+    #: processes run on hosts of their own (network namespaces); others use ``host``
+    node_hosts: dict[str, str] = attrs.Factory(dict)
     storages: list[NodeSpec] = attrs.Factory(list)
     servers: list[NodeSpec] = attrs.Factory(list)
 
@@ -167,26 +170,36 @@ class ClusterSpec:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.storages and self.servers:
             return
-        ports = iter(free_ports(3 * self.num_storages + 2 * self.num_servers))
+        # Ports of nodes on hosts of their own cannot collide with ours: any free number will do.
+        ports = iter(free_ports(3 * self.num_storages + 2 * self.num_servers,
+                                "127.0.0.1" if self.node_hosts else self.host))
         self.storages, self.servers = [], []
         for i in range(self.num_storages):
-            port, admin, http = next(ports), next(ports), next(ports)
-            path = self.directory / f"storage-{i}.toml"
-            data = {"storage": {"host": self.host, "port": port, "admin_port": admin,
-                                "directory": str(self.directory / f"storage-{i}")},
-                    "http": {"port": http if self.http else 0}, **self._common()}
+            name, (port, admin, http) = f"storage-{i}", (next(ports), next(ports), next(ports))
+            host = self.node_hosts.get(name, self.host)
+            path = self.directory / f"{name}.toml"
+            data = {"storage": {"host": host, "port": port, "admin_port": admin,
+                                "directory": str(self.directory / name)},
+                    "http": self._http_section(host, http), **self._common()}
             path.write_text(to_toml(data))
-            self.storages.append(NodeSpec(f"storage-{i}", path, f"{self.host}:{port}", http if self.http else 0))
+            self.storages.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))
         for i in range(self.num_servers):
-            port, http = next(ports), next(ports)
-            path = self.directory / f"server-{i}.toml"
-            data = {"server": {"host": self.host, "port": port, **self.server_overrides},
-                    "http": {"port": http if self.http else 0}, **self._common()}
+            name, (port, http) = f"server-{i}", (next(ports), next(ports))
+            host = self.node_hosts.get(name, self.host)
+            path = self.directory / f"{name}.toml"
+            data = {"server": {"host": host, "port": port, **self.server_overrides},
+                    "http": self._http_section(host, http), **self._common()}
             path.write_text(to_toml(data))
-            self.servers.append(NodeSpec(f"server-{i}", path, f"{self.host}:{port}", http if self.http else 0))
+            self.servers.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))
         (self.directory / "client.toml").write_text(to_toml({"client": {}, **self._common()}))
         (self.directory / "spec.toml").write_text(to_toml({"cluster": {
             "num_partitions": self.num_partitions, "cluster_name": self.cluster_name}}))
+
+    def _http_section(self, host: str, port: int) -> dict[str, Any]:
+        if not self.http:
+            return {"port": 0}
+        # A node on a host of its own serves HTTP on that host's address (its loopback is its own).
+        return {"port": port} if host == self.host else {"port": port, "host": host}
 
     def admin_address(self, i: int) -> str:
         cfg = self.storage_config(i)
@@ -381,18 +394,23 @@ class InProcessCluster:
 class ProcessCluster:
     """Storage nodes and servers as real subprocesses (``waltz storage start`` / ``waltz server start``)."""
 
-    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None, python: str = sys.executable) -> None:
+    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None, python: str = sys.executable,
+                 on_host: Callable[[str, list[str]], list[str]] | None = None) -> None:
         self.spec = spec
         self.python = python
         self.log_dir = Path(log_dir or spec.directory / "logs")
+        #: (node name, argv) -> the argv that runs it on that node's host (e.g. in its network
+        #: namespace: :meth:`waltz_core.testing.faults.netns.Host.command`); default: here
+        self.on_host = on_host or (lambda _name, argv: argv)
         self.storages: dict[int, subprocess.Popen[bytes]] = {}
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
 
     def _spawn(self, args: Sequence[str], log_name: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        argv = self.on_host(log_name, [self.python, "-m", "waltz_core.cli", *args])
         with open(self.log_dir / f"{log_name}.log", "ab") as log:  # the child keeps its own descriptor
-            return subprocess.Popen([self.python, "-m", "waltz_core.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     async def start(self) -> None:

@@ -1,6 +1,7 @@
 """Launchers for real coordination servers (ZooKeeper 3.8, etcd 3.4) on loopback, for tests and CI.
 
-Every server binds 127.0.0.1 on ports picked by :func:`free_port`, keeps its data and log
+Every server binds 127.0.0.1 (or the address given per node, e.g. a network namespace's) on ports
+picked by :func:`free_port`, keeps its data and log
 files in its own temporary directory and is stopped by the PID this module started (never by
 name). The commands follow ``shared/reference/real-servers.md`` §2 and §3::
 
@@ -32,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
@@ -104,10 +105,10 @@ def _no_proxy_env() -> dict[str, str]:
     return env
 
 
-def four_letter_word(port: int, word: str, timeout: float = 1.0) -> str:
-    """Send a ZooKeeper four-letter word to 127.0.0.1:``port`` and return the reply ('' on failure)."""
+def four_letter_word(port: int, word: str, timeout: float = 1.0, host: str = "127.0.0.1") -> str:
+    """Send a ZooKeeper four-letter word to ``host:port`` and return the reply ('' on failure)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.sendall(word.encode("ascii"))
             chunks = []
             while True:
@@ -125,10 +126,18 @@ class _ServerGroup:
 
     kind = "server"
 
-    def __init__(self, nodes: int, workdir: str | os.PathLike[str] | None, start_timeout: float) -> None:
+    def __init__(self, nodes: int, workdir: str | os.PathLike[str] | None, start_timeout: float,
+                 hosts: Sequence[str] | None = None,
+                 on_host: Callable[[int, list[str]], list[str]] | None = None) -> None:
         if nodes < 1:
             raise ValueError("nodes must be >= 1")
+        if hosts is not None and len(hosts) != nodes:
+            raise ValueError(f"{nodes} nodes need {nodes} hosts, got {len(hosts)}")
         self.nodes = nodes
+        #: the address each node binds and advertises (default: loopback for all)
+        self.hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * nodes
+        #: (node, argv) -> the argv that runs it on its host (e.g. inside a network namespace)
+        self.on_host = on_host or (lambda _node, argv: argv)
         self.start_timeout = start_timeout
         self._own_dir = workdir is None
         self.directory = Path(tempfile.mkdtemp(prefix=f"waltz-{self.kind}-") if workdir is None else workdir)
@@ -155,7 +164,7 @@ class _ServerGroup:
         self.node_dir(node).mkdir(parents=True, exist_ok=True)
         with open(self.log_path(node), "ab") as log:
             self._procs[node] = subprocess.Popen(
-                self._command(node), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                self.on_host(node, self._command(node)), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.node_dir(node), env=_no_proxy_env(), start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
@@ -268,8 +277,10 @@ class ZooKeeperServer(_ServerGroup):
     kind = "zookeeper"
 
     def __init__(self, nodes: int = 1, *, workdir: str | os.PathLike[str] | None = None,
-                 tick_time: int = 500, start_timeout: float = 60.0, heap: str = "256m") -> None:
-        super().__init__(nodes, workdir, start_timeout)
+                 tick_time: int = 500, start_timeout: float = 60.0, heap: str = "256m",
+                 hosts: Sequence[str] | None = None,
+                 on_host: Callable[[int, list[str]], list[str]] | None = None) -> None:
+        super().__init__(nodes, workdir, start_timeout, hosts, on_host)
         self.tick_time = tick_time
         self.heap = heap
         ports = free_ports(nodes * 3)
@@ -280,7 +291,7 @@ class ZooKeeperServer(_ServerGroup):
     @property
     def connect_string(self) -> str:
         """``host:port,...`` of every node, for kazoo and ``[coordination] connect``."""
-        return ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        return ",".join(f"{h}:{p}" for h, p in zip(self.hosts, self.client_ports, strict=True))
 
     def _prepare(self) -> None:
         for node in range(self.nodes):
@@ -288,13 +299,13 @@ class ZooKeeperServer(_ServerGroup):
             (d / "data").mkdir(parents=True, exist_ok=True)
             lines = [
                 f"tickTime={self.tick_time}", "initLimit=20", "syncLimit=10",
-                f"dataDir={d / 'data'}", f"clientPort={self.client_ports[node]}", "clientPortAddress=127.0.0.1",
+                f"dataDir={d / 'data'}", f"clientPort={self.client_ports[node]}", f"clientPortAddress={self.hosts[node]}",
                 "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,stat,mntr",
                 "maxClientCnxns=0", "forceSync=no", "preAllocSize=4096",
             ]
             if self.nodes > 1:
                 (d / "data" / "myid").write_text(f"{node + 1}\n")
-                lines += [f"server.{i + 1}=127.0.0.1:{self._quorum_ports[i]}:{self._election_ports[i]}"
+                lines += [f"server.{i + 1}={self.hosts[i]}:{self._quorum_ports[i]}:{self._election_ports[i]}"
                           for i in range(self.nodes)]
             (d / "zoo.cfg").write_text("\n".join(lines) + "\n")
             (d / "log4j.properties").write_text(_LOG4J)
@@ -309,14 +320,15 @@ class ZooKeeperServer(_ServerGroup):
 
     def mode(self, node: int) -> str | None:
         """``leader``, ``follower`` or ``standalone`` from ``srvr``; None if the node does not serve."""
-        for line in four_letter_word(self.client_ports[node], "srvr").splitlines():
+        for line in four_letter_word(self.client_ports[node], "srvr", host=self.hosts[node]).splitlines():
             if line.startswith("Mode:"):
                 return line.split(":", 1)[1].strip()
         return None
 
     def _node_ready(self, node: int) -> bool:
         # `ruok` answers imok as soon as the port is open; only a Mode means the node serves.
-        return four_letter_word(self.client_ports[node], "ruok") == "imok" and self.mode(node) is not None
+        ruok = four_letter_word(self.client_ports[node], "ruok", host=self.hosts[node])
+        return ruok == "imok" and self.mode(node) is not None
 
     def leader(self, timeout: float = 15.0) -> int:
         """The node that is leader (or the standalone node); waits up to ``timeout`` for an election."""
@@ -340,8 +352,9 @@ class EtcdServer(_ServerGroup):
     kind = "etcd"
 
     def __init__(self, nodes: int = 1, *, workdir: str | os.PathLike[str] | None = None,
-                 start_timeout: float = 30.0, log_level: str = "warn") -> None:
-        super().__init__(nodes, workdir, start_timeout)
+                 start_timeout: float = 30.0, log_level: str = "warn", hosts: Sequence[str] | None = None,
+                 on_host: Callable[[int, list[str]], list[str]] | None = None) -> None:
+        super().__init__(nodes, workdir, start_timeout, hosts, on_host)
         self.log_level = log_level
         ports = free_ports(nodes * 2)
         self.client_ports = ports[:nodes]
@@ -351,12 +364,13 @@ class EtcdServer(_ServerGroup):
     @property
     def endpoints(self) -> str:
         """``host:port,...`` of every member's client URL, for ``[coordination] connect``."""
-        return ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        return ",".join(f"{h}:{p}" for h, p in zip(self.hosts, self.client_ports, strict=True))
 
     def _command(self, node: int) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_ports[node]}"
-        peer = f"http://127.0.0.1:{self.peer_ports[node]}"
-        cluster = ",".join(f"n{i + 1}=http://127.0.0.1:{p}" for i, p in enumerate(self.peer_ports))
+        client = f"http://{self.hosts[node]}:{self.client_ports[node]}"
+        peer = f"http://{self.hosts[node]}:{self.peer_ports[node]}"
+        cluster = ",".join(f"n{i + 1}=http://{h}:{p}" for i, (h, p) in enumerate(zip(self.hosts, self.peer_ports,
+                                                                                        strict=True)))
         return [
             "etcd", "--name", f"n{node + 1}", "--data-dir", str(self.node_dir(node) / "data"),
             "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -367,7 +381,7 @@ class EtcdServer(_ServerGroup):
         ]
 
     def _http(self, node: int, path: str, body: dict[str, object] | None = None, timeout: float = 1.0) -> object:
-        url = f"http://127.0.0.1:{self.client_ports[node]}{path}"
+        url = f"http://{self.hosts[node]}:{self.client_ports[node]}{path}"
         data = None if body is None else json.dumps(body).encode()
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
         with opener.open(urllib.request.Request(url, data=data), timeout=timeout) as resp:

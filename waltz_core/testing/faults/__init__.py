@@ -1,15 +1,18 @@
 """Fault tooling for reliability tests: a TCP fault proxy, process control, disk faults.
 
 * :mod:`.proxy` - :class:`FaultProxy` / :class:`ThreadedFaultProxy` (cut, reset, delay, one-way drop);
-* :mod:`.process` - :class:`ClusterProcesses` (SIGKILL, SIGSTOP/SIGCONT, restart) over a
-  :class:`~waltz_core.local_cluster.ProcessCluster` and its ZooKeeper/etcd launcher;
+* :mod:`.process` - :class:`ClusterProcesses` (SIGKILL, SIGSTOP/SIGCONT, restart, isolate) over
+  a :class:`~waltz_core.local_cluster.ProcessCluster` and its ZooKeeper/etcd launcher;
+* :mod:`.netns` - :class:`HostNetwork`: every process on a host of its own (network namespaces on
+  a private switch, 198.18.0.0/15); a host vanishes without a reset (packets dropped);
 * :mod:`.disk` - the fsync journal and :func:`crash_lose_unsynced` (lost/torn/garbled unsynced
   bytes at a simulated power loss) and :func:`flip_bits`.
 """
 
+from .netns import HostNetwork, netns_available
 from .disk import CrashMode, crash_lose_unsynced, flip_bits, storage_files, sync_journal_env, synced_sizes
 from .process import ClusterProcesses
 from .proxy import FaultProxy, ThreadedFaultProxy
 
-__all__ = ["ClusterProcesses", "CrashMode", "FaultProxy", "ThreadedFaultProxy", "crash_lose_unsynced", "flip_bits",
+__all__ = ["ClusterProcesses", "CrashMode", "FaultProxy", "HostNetwork", "ThreadedFaultProxy", "netns_available", "crash_lose_unsynced", "flip_bits",
            "storage_files", "sync_journal_env", "synced_sizes"]

@@ -1,9 +1,10 @@
 """Process faults over a :class:`~waltz_core.local_cluster.ProcessCluster` and a coordination server.
 
 :class:`ClusterProcesses` names every process of a cluster as ``storage-N``, ``server-N`` or
-``coordination-N`` and can SIGKILL, SIGSTOP/SIGCONT and restart each; it remembers what is
-down or paused so a nemesis can respect "never more than a minority of storages down" and
-:meth:`heal` can bring everything back. Methods block (process start, waits); call them from a
+``coordination-N`` and can SIGKILL, SIGSTOP/SIGCONT and restart each, and, when every process
+runs on a host of its own (:class:`~.netns.HostNetwork`), cut its host off the network. It
+remembers what is down, paused or isolated so a nemesis can respect "never more than a minority
+of storages down" and :meth:`heal` can bring everything back. Methods block (process start, waits); call them from a
 worker thread when an event loop must keep running.
 """
 
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 from ...local_cluster import ProcessCluster
+from .netns import HostNetwork
 
 
 class ClusterProcesses:
@@ -26,11 +28,19 @@ class ClusterProcesses:
     (``None`` with the embedded ``local`` backend, which has no process).
     """
 
-    def __init__(self, cluster: ProcessCluster, coordination: Any | None = None) -> None:
+    def __init__(self, cluster: ProcessCluster, coordination: Any | None = None,
+                 network: HostNetwork | None = None) -> None:
         self.cluster = cluster
         self.coordination = coordination
+        #: the emulated hosts the processes run on (one per process, same names), if any
+        self.network = network
         self.killed: set[str] = set()
         self.paused: set[str] = set()
+
+    @property
+    def isolated(self) -> set[str]:
+        """Names whose host is cut off the network now."""
+        return set(self.network.isolated) if self.network is not None else set()
 
     # ---------------------------------------------------------------------------- naming
 
@@ -41,8 +51,8 @@ class ClusterProcesses:
         return [f"{kind}-{i}" for i in range(count)]
 
     def down(self, kind: str) -> set[str]:
-        """Names of ``kind`` that are killed or paused now."""
-        return {n for n in self.killed | self.paused if n.startswith(kind + "-")}
+        """Names of ``kind`` that are killed, paused or isolated now."""
+        return {n for n in self.killed | self.paused | self.isolated if n.startswith(kind + "-")}
 
     def pid(self, name: str) -> int | None:
         kind, _, index = name.rpartition("-")
@@ -83,6 +93,17 @@ class ClusterProcesses:
                 os.kill(pid, signal.SIGCONT)
             self.paused.discard(name)
 
+    def isolate(self, name: str) -> None:
+        """Cut ``name``'s host off the network: its packets are dropped, nobody gets a reset."""
+        if self.network is None:
+            raise RuntimeError("isolation needs processes on hosts of their own (a HostNetwork)")
+        self.network.isolate(name)
+
+    def reconnect(self, name: str) -> None:
+        """Put ``name``'s host back on the network."""
+        if self.network is not None and name in self.network.isolated:
+            self.network.restore(name)
+
     def restart(self, name: str) -> float:
         """Start ``name`` again after :meth:`kill`; returns the seconds it took to start."""
         kind, _, index = name.rpartition("-")
@@ -98,7 +119,9 @@ class ClusterProcesses:
         return time.monotonic() - began
 
     def heal(self) -> None:
-        """Resume every paused process and restart every killed one."""
+        """Reconnect every isolated host, resume every paused process and restart every killed one."""
+        if self.network is not None:
+            self.network.restore_all()
         for name in sorted(self.paused):
             self.resume(name)
         for name in sorted(self.killed, key=lambda n: (not n.startswith("coordination"), n)):

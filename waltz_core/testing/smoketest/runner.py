@@ -10,6 +10,11 @@ transfers (:mod:`.workload`) with a recorded history, and a nemesis:
 * server lane (one server at a time): kill -9 and restart, SIGSTOP/SIGCONT;
 * coordination lane (ZooKeeper/etcd started by the smoke test only): kill -9 and restart.
 
+With ``hosts="netns"`` every process runs on a host of its own (a Linux network namespace with
+its own address in 198.18.0.0/15, :class:`~waltz_core.testing.faults.netns.HostNetwork`; root
+only), nothing goes through a proxy, and every lane gains ``isolate``: the host vanishes from
+the network (packets dropped, no reset) for the fault's hold time and comes back.
+
 At the end everything heals, a fresh client reads every partition from id 0, every replica
 catches up to the committed high-water mark, the processes stop, each replica's files are read
 offline, and :func:`waltz_core.testing.checker.check` gives the verdict.
@@ -18,6 +23,7 @@ offline, and :func:`waltz_core.testing.checker.check` gives the verdict.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import logging
@@ -38,6 +44,7 @@ from ...storage.client import StorageAdminClient
 from ...transport import open_transport
 from ..checker import BankModel, LogEntry, Verdict, check
 from ..faults import ClusterProcesses, ThreadedFaultProxy
+from ..faults.netns import HostNetwork, netns_available
 from ..history import OK, History, HistoryWriter, req_key
 from .workload import PartitionWorker
 
@@ -61,6 +68,10 @@ class SmokeOptions:
     initial_balance: int = 1000
     coordination: str = "local"  #: local | zookeeper | etcd
     connect: str | None = None  #: an external ZooKeeper/etcd (no coordination faults then)
+    #: ``loopback``: every process on this host, storages behind fault proxies; ``netns``: every
+    #: process on a host of its own (network namespaces, needs root), isolate faults
+    hosts: str = "loopback"
+    coordination_nodes: int = 1  #: members of the ZooKeeper/etcd ensemble the smoke test starts
     seed: int = 1
     nemesis: bool = True
     fault_hold: tuple[float, float] = (0.4, 1.5)  #: seconds a fault lasts
@@ -78,25 +89,38 @@ class SmokeResult:
     faults: dict[str, int]
     transactions: int
     elapsed: float
-    recovery: dict[str, list[float]]
+    stalls: list[FaultStall]  #: per fault of the kinds that can stall commits
 
     def report(self) -> list[str]:
         lines = [f"elapsed: {self.elapsed:.1f} s", f"faults injected: {sum(self.faults.values())} {dict(self.faults)}",
                  f"transactions committed: {self.transactions}", f"history: {self.history_path}"]
-        for kind, values in sorted(self.recovery.items()):
-            if values:
-                lines.append(f"recovery after {kind}: n={len(values)} p50={statistics.median(values):.2f} s "
-                             f"max={max(values):.2f} s")
+        by_kind: dict[str, list[FaultStall]] = {}
+        for stall in self.stalls:
+            by_kind.setdefault(stall.kind, []).append(stall)
+        for kind, stalls in sorted(by_kind.items()):
+            worst = [st.worst for st in stalls if st.worst is not None]
+            never = sum(1 for st in stalls if st.worst is None)
+            line = f"commit stall after {kind}: n={len(stalls)}"
+            if worst:
+                line += f" worst partition p50={statistics.median(worst):.2f} s max={max(worst):.2f} s"
+            if never:
+                line += f", {never} with a partition that never committed again"
+            lines.append(line)
         return lines + self.verdict.report()
 
 
-def coordination_launcher(kind: str, directory: Path) -> Any:
-    """Start a ZooKeeper/etcd server of our own (its process is fault-injectable)."""
+def coordination_launcher(kind: str, directory: Path, nodes: int = 1, network: HostNetwork | None = None) -> Any:
+    """Start a ZooKeeper/etcd ensemble of our own (its processes are fault-injectable); with a
+    network, member ``i`` runs on host ``coordination-i``."""
     from ..servers import EtcdServer, ZooKeeperServer
 
+    placement: dict[str, Any] = {}
+    if network is not None:
+        hosts = [network.add_host(f"coordination-{i}") for i in range(nodes)]
+        placement = {"hosts": [h.address for h in hosts], "on_host": lambda i, argv: hosts[i].command(argv)}
     if kind == "zookeeper":
-        return ZooKeeperServer(1, workdir=directory / "zookeeper").start()
-    return EtcdServer(1, workdir=directory / "etcd").start()
+        return ZooKeeperServer(nodes, workdir=directory / "zookeeper", **placement).start()
+    return EtcdServer(nodes, workdir=directory / "etcd", **placement).start()
 
 
 class Nemesis:
@@ -107,13 +131,24 @@ class Nemesis:
         self.procs, self.proxies, self.history, self.opts = procs, proxies, history, opts
         self.rng = random.Random(opts.seed * 7919)
         self.counts: dict[str, int] = {}
-        self.kills: list[tuple[str, float]] = []  #: (kind, start time) of kill faults
+        #: (fault, start, end) of the faults that can stall commits (kill, isolate)
+        self.windows: list[tuple[str, float, float]] = []
+        self.isolation = procs.network is not None
 
     def _start(self, fault: str, target: str) -> float:
         now = time.monotonic()
         self.counts[fault] = self.counts.get(fault, 0) + 1
         self.history.nemesis(fault, target, "start", now)
         return now
+
+    async def _isolate(self, fault: str, name: str) -> None:
+        """The host of ``name`` vanishes for the hold time, then comes back."""
+        t = self._start(fault, name)
+        await asyncio.to_thread(self.procs.isolate, name)
+        await self._hold()
+        await asyncio.to_thread(self.procs.reconnect, name)
+        self.windows.append((fault, t, time.monotonic()))
+        self.history.nemesis(fault, name, "end")
 
     async def _hold(self) -> None:
         await asyncio.sleep(self.rng.uniform(*self.opts.fault_hold))
@@ -122,22 +157,28 @@ class Nemesis:
         await asyncio.sleep(self.rng.uniform(*self.opts.fault_gap))
 
     async def storage_lane(self, stop: asyncio.Event) -> None:
-        faults = ["kill", "pause", "cut", "blackhole-up", "delay"]
+        # Hosts of their own have no proxies in front of them: they vanish from the network instead.
+        faults = ["kill", "pause", "isolate"] if self.isolation else ["kill", "pause", "cut", "blackhole-up", "delay"]
         while not stop.is_set():
             i = self.rng.randrange(self.opts.storages)
-            name, proxy = f"storage-{i}", self.proxies[i]
+            name = f"storage-{i}"
             fault = self.rng.choice(faults)
+            if fault == "isolate":
+                await self._isolate("storage-isolate", name)
+                await self._gap()
+                continue
             t = self._start(f"storage-{fault}", name)
             if fault == "kill":
                 await asyncio.to_thread(self.procs.kill, name)
-                self.kills.append(("storage kill", t))
                 await self._hold()
                 await asyncio.to_thread(self.procs.restart, name)
+                self.windows.append(("storage-kill", t, time.monotonic()))
             elif fault == "pause":
                 await asyncio.to_thread(self.procs.pause, name)
                 await self._hold()
                 await asyncio.to_thread(self.procs.resume, name)
             else:
+                proxy = self.proxies[i]
                 if fault == "cut":
                     proxy.cut()
                 elif fault == "blackhole-up":
@@ -152,16 +193,21 @@ class Nemesis:
             await self._gap()
 
     async def server_lane(self, stop: asyncio.Event) -> None:
+        faults = ["kill", "pause", "isolate"] if self.isolation else ["kill", "pause"]
         while not stop.is_set():
             i = self.rng.randrange(self.opts.servers)
             name = f"server-{i}"
-            fault = self.rng.choice(["kill", "pause"])
+            fault = self.rng.choice(faults)
+            if fault == "isolate":
+                await self._isolate("server-isolate", name)
+                await asyncio.sleep(self.rng.uniform(1.0, 2.0))
+                continue
             t = self._start(f"server-{fault}", name)
             if fault == "kill":
                 await asyncio.to_thread(self.procs.kill, name)
-                self.kills.append(("server kill", t))
                 await self._hold()
                 await asyncio.to_thread(self.procs.restart, name)
+                self.windows.append(("server-kill", t, time.monotonic()))
             else:
                 await asyncio.to_thread(self.procs.pause, name)
                 await self._hold()
@@ -171,15 +217,22 @@ class Nemesis:
             await asyncio.sleep(self.rng.uniform(1.0, 2.0))
 
     async def coordination_lane(self, stop: asyncio.Event) -> None:
+        faults = ["kill", "isolate"] if self.isolation else ["kill"]
+        members = self.procs.names("coordination")
         while not stop.is_set():
             await asyncio.sleep(self.rng.uniform(4.0, 8.0))
             if stop.is_set():
                 break
-            self._start("coordination-kill", "coordination-0")
-            await asyncio.to_thread(self.procs.kill, "coordination-0")
+            name, fault = self.rng.choice(members), self.rng.choice(faults)
+            if fault == "isolate":
+                await self._isolate("coordination-isolate", name)
+                continue
+            t = self._start("coordination-kill", name)
+            await asyncio.to_thread(self.procs.kill, name)
             await asyncio.sleep(self.rng.uniform(0.5, 1.5))
-            await asyncio.to_thread(self.procs.restart, "coordination-0")
-            self.history.nemesis("coordination-kill", "coordination-0", "end")
+            await asyncio.to_thread(self.procs.restart, name)
+            self.windows.append(("coordination-kill", t, time.monotonic()))
+            self.history.nemesis("coordination-kill", name, "end")
 
     async def heal(self) -> None:
         for proxy in self.proxies:
@@ -187,26 +240,45 @@ class Nemesis:
         await asyncio.to_thread(self.procs.heal)
 
 
-def recovery_times(history: History, kills: list[tuple[str, float]]) -> dict[str, list[float]]:
-    """Per kill: seconds from the kill until every partition committed again (the slowest
-    partition's first acknowledged append invoked after the kill)."""
-    acks: dict[int, list[tuple[float, float]]] = {}
+@attrs.frozen
+class FaultStall:
+    """How long each partition went without an acknowledged commit around one fault."""
+
+    kind: str
+    start: float
+    end: float
+    #: partition -> the longest time without an acknowledged commit from the fault's start until
+    #: its first commit after the fault ended; None: it never committed again
+    per_partition: dict[int, float | None]
+
+    @property
+    def worst(self) -> float | None:
+        values = list(self.per_partition.values())
+        return None if not values or None in values else max(v for v in values if v is not None)
+
+
+def commit_stalls(history: History, windows: list[tuple[str, float, float]]) -> list[FaultStall]:
+    """Per fault window, per partition: the longest gap between acknowledged commits, counted
+    from the fault's start through the partition's first commit after the fault ended (so a stall
+    that began during the fault and outlasted it is measured whole)."""
+    acks: dict[int, list[float]] = {}
     for op in history.operations:
         if op.outcome == OK and op.complete_time is not None:
-            acks.setdefault(op.partition, []).append((op.invoke_time, op.complete_time))
-    for v in acks.values():
-        v.sort()
-    out: dict[str, list[float]] = {}
-    for kind, t in kills:
-        worst = 0.0
-        for ops in acks.values():
-            after = next((c for i, c in ops if i >= t), None)
-            if after is None:
-                worst = -1.0
-                break
-            worst = max(worst, after - t)
-        if worst >= 0:
-            out.setdefault(kind, []).append(worst)
+            acks.setdefault(op.partition, []).append(op.complete_time)
+    for times in acks.values():
+        times.sort()
+    out = []
+    for kind, start, end in windows:
+        per: dict[int, float | None] = {}
+        for partition, times in sorted(acks.items()):
+            first = bisect.bisect_right(times, start)
+            last = bisect.bisect_right(times, end)
+            if last >= len(times):
+                per[partition] = None  # no commit after the fault ended
+                continue
+            points = [start, *times[first:last + 1]]
+            per[partition] = max(b - a for a, b in itertools.pairwise(points))
+        out.append(FaultStall(kind, start, end, per))
     return out
 
 
@@ -246,38 +318,55 @@ async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None
     """Run one smoke test (blocking processes are started and stopped here; nothing is left running).
 
     ``cluster_hook`` (tests) replaces the nemesis: an async callable given the process control,
-    the proxies and the history, run while the clients work.
+    the proxies and the history, run while the clients work; it may return the windows of its
+    faults as ``(fault, start, end)`` (``time.monotonic()``) to have their commit stalls measured.
     """
     began = time.monotonic()
+    if opts.hosts not in ("loopback", "netns"):
+        raise ValueError(f"hosts must be loopback or netns, not {opts.hosts!r}")
+    if opts.hosts == "netns" and not netns_available():
+        raise PermissionError("hosts=netns needs root and iproute2's `ip` (network namespaces)")
     directory = Path(opts.directory)
     directory.mkdir(parents=True, exist_ok=True)
     launcher = None
+    network: HostNetwork | None = None
     proxies: list[ThreadedFaultProxy] = []
     cluster: ProcessCluster | None = None
     history = HistoryWriter(directory / "history.jsonl")
     try:
+        if opts.hosts == "netns":
+            network = HostNetwork()
+            for kind, count in (("storage", opts.storages), ("server", opts.servers)):
+                for i in range(count):
+                    network.add_host(f"{kind}-{i}")
         if opts.coordination == "local":
             coordination = CoordinationConfig(name="local", connect=str(directory / "coord"), root="/waltz",
                                               session_timeout=opts.session_timeout)
         else:
             connect = opts.connect
             if connect is None:
-                launcher = await asyncio.to_thread(coordination_launcher, opts.coordination, directory)
+                launcher = await asyncio.to_thread(coordination_launcher, opts.coordination, directory,
+                                                   opts.coordination_nodes, network)
                 connect = launcher.connect_string if opts.coordination == "zookeeper" else launcher.endpoints
             coordination = CoordinationConfig(name=opts.coordination, connect=connect,
                                               root=f"/waltz-smoke-{uuid.uuid4().hex[:8]}",
                                               session_timeout=max(opts.session_timeout, 4.0))
+        node_hosts = {name: h.address for name, h in network.hosts.items()} if network is not None else {}
         spec = ClusterSpec(directory / "cluster", num_partitions=opts.partitions, num_storages=opts.storages,
-                           num_servers=opts.servers, coordination=coordination)
+                           num_servers=opts.servers, coordination=coordination, node_hosts=node_hosts)
         spec.write_configs()
-        # Servers reach every storage node through a fault proxy: its address is the one registered.
-        for node in spec.storages:
-            proxy = ThreadedFaultProxy(node.address).start()
-            proxies.append(proxy)
-            node.address = proxy.address
-        cluster = ProcessCluster(spec)
+        if network is None:
+            # Servers reach every storage node through a fault proxy: its address is the one registered.
+            for node in spec.storages:
+                proxy = ThreadedFaultProxy(node.address).start()
+                proxies.append(proxy)
+                node.address = proxy.address
+            cluster = ProcessCluster(spec)
+        else:
+            hosts = network.hosts
+            cluster = ProcessCluster(spec, on_host=lambda name, argv: hosts[name].command(argv))
         await cluster.start()
-        procs = ClusterProcesses(cluster, launcher)
+        procs = ClusterProcesses(cluster, launcher, network)
         outcome = await _drive(opts, spec, procs, proxies, history, progress, cluster_hook)
         hwms = {p: len(entries) - 1 for p, entries in outcome["logs"].items()}
         key, n = await spec.store_params()
@@ -295,12 +384,14 @@ async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None
             proxy.close()
         if launcher is not None:
             await asyncio.to_thread(launcher.stop)
+        if network is not None:
+            network.close()
         history.close()
     parsed = History.load(history.path)
     verdict = check(parsed, outcome["logs"], replicas, BankModel(opts.accounts, opts.initial_balance))
     transactions = sum(len(v) for v in outcome["logs"].values())
     return SmokeResult(verdict, history.path, outcome["faults"], transactions, time.monotonic() - began,
-                       recovery_times(parsed, outcome["kills"]))
+                       commit_stalls(parsed, outcome["windows"]))
 
 
 async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses, proxies: list[ThreadedFaultProxy],
@@ -350,11 +441,14 @@ async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses,
             await asyncio.sleep(0.25)
             if progress is not None:
                 progress(time.monotonic() - start, {**counts, "faults": sum(nemesis.counts.values()),
-                                                    "down": sorted(procs.killed | procs.paused)})
+                                                    "down": sorted(procs.killed | procs.paused | procs.isolated)})
         stop.set()
+        windows = list(nemesis.windows)
         for lane in lanes:
             with contextlib.suppress(asyncio.CancelledError):
-                await lane
+                result = await lane
+                if cluster_hook is not None and lane is lanes[0] and result:
+                    windows += result  # the hook's own fault windows: (fault, start, end)
         await nemesis.heal()
         await asyncio.gather(*tasks)
         for w in workers:
@@ -365,7 +459,7 @@ async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses,
             reader = PartitionWorker(999, p, transport, backend, spec.coordination.root, None, accounts=opts.accounts,
                                      initial=opts.initial_balance, rng=random.Random(0))
             logs[p] = await reader.read_all(opts.verify_timeout)
-        return {"logs": logs, "faults": dict(nemesis.counts), "kills": nemesis.kills}
+        return {"logs": logs, "faults": dict(nemesis.counts), "windows": windows}
     finally:
         await backend.close()
         await transport.aclose()
