@@ -125,6 +125,11 @@ class ServerConfig:
     realtime_threshold: int = key(1000, "Feed contexts fewer transactions behind than this are served by the near-realtime feed.")
     append_queue_size: int = key(100, "Appends queued per partition before the server stops reading the connection.")
     max_batch_size: int = key(100, "Largest batch of records sent to storage replicas at once.")
+    storage_request_timeout: float = key(
+        5.0, "Seconds a storage node may take to answer a request; past it the connection is closed, the node "
+             "is marked unreachable for every partition of the server and probed in the background, and each "
+             "partition goes on with the replicas that answer (bounds fail-over when a storage host vanishes).",
+        validator=attrs.validators.gt(0.0))
     initial_retry_interval: float = key(0.1, "First back-off after a storage failure, in seconds.")
     max_retry_interval: float = key(20.0, "Largest back-off after repeated storage failures, in seconds.")
     checkpoint_interval: int = key(250_000, "Transactions after which a new store session is forced (bounds recovery work).")

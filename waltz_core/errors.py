@@ -14,6 +14,7 @@
     │   ├── ConnectError                    yes        could not connect
     │   ├── ConnectionClosedError           yes        used after close, or closed by the peer
     │   └── PeerTimeoutError                yes        the peer stopped answering (heartbeats)
+    │       └── RequestTimeoutError         yes        a request got no answer within its deadline
     ├── CoordinationError                   yes        coordination backend failure
     │   ├── SessionLostError                yes        the session/lease expired; ephemerals are gone
     │   ├── CasConflictError                yes        compare-and-set lost a race (re-read, retry)
@@ -101,6 +102,10 @@ class ConnectionClosedError(TransportError):
 
 class PeerTimeoutError(TransportError):
     """The peer sent nothing (not even a heartbeat) within the idle timeout."""
+
+
+class RequestTimeoutError(PeerTimeoutError):
+    """A request got no answer within its deadline; the connection it was sent on is closed."""
 
 
 # ------------------------------------------------------------------------------- coordination

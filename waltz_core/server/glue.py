@@ -3,21 +3,25 @@
 * :class:`CoordinationMetadata` implements the store's ``MetadataAccess`` over the coordination
   recipes: new session ids and replica states are written only by compare-and-set, and a
   partition's metadata never goes back to an older generation (a stale owner is refused).
-* :class:`StorageConnector` keeps one pipelined :class:`~waltz_core.storage.client.StorageClient`
-  per storage node, shared by every partition of this server, and reconnects on demand.
+* :class:`StorageConnector` is this server's one view of each storage node it writes to, shared
+  by all its partitions: one pipelined :class:`~waltz_core.storage.client.StorageClient` per node,
+  failures remembered, unreachable nodes probed in the background.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Mapping
+
+import attrs
 
 from ..coordination.metadata import PartitionMetadata, ReplicaState
 from ..coordination.recipes import StoreMetadata
 from ..errors import CasConflictError, GenerationMismatchError, WaltzError
-from ..storage.client import StorageClient
+from ..storage.client import DEFAULT_REQUEST_TIMEOUT, StorageClient
 from ..transport.base import Transport
 
 log = logging.getLogger("waltz.server")
@@ -59,41 +63,119 @@ class CoordinationMetadata:
                 continue
 
 
+@attrs.define
+class _Node:
+    """What the server knows of one storage node."""
+
+    endpoint: str
+    client: StorageClient | None = None
+    attempt: asyncio.Task[StorageClient | None] | None = None  #: the connect attempt running now
+    down_since: float | None = None  #: monotonic time it became unreachable; None: reachable or untried
+    last_error: str = ""
+    reconnect: asyncio.Task[None] | None = None  #: the background loop while it is down
+
+
 class StorageConnector:
-    """``await connector(endpoint)`` -> a connected client, or None while the node is unreachable."""
+    """``await connector(endpoint)`` -> the node's connected client, or None while it is unreachable.
+
+    The answer is immediate for a node that is connected or known to be down; only a node never
+    tried yet (or being tried for the first time since it was last reachable) makes the caller wait
+    for the connect attempt, which is one per node, shared by every caller (a caller that is
+    cancelled does not cancel it). A connection that fails - refused, reset, heartbeat silence, a
+    request past its deadline - marks the node down at once, and a background loop tries it again
+    (backoff up to ``retry_interval``) until it answers. So when a host vanishes, every partition
+    learns it from the same failure, none waits for a connect of its own, and recovery proceeds
+    with the replicas that answer (see :mod:`.recovery`).
+    """
 
     def __init__(self, transport: Transport, cluster_key: uuid.UUID, num_partitions: int, role: str,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+                 retry_interval: float = 1.0) -> None:
         self.transport = transport
         self.cluster_key = cluster_key
         self.num_partitions = num_partitions
         self.role = role
         self.connect_timeout = connect_timeout
-        self._clients: dict[str, StorageClient] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.request_timeout = request_timeout
+        self.retry_interval = retry_interval
+        self._nodes: dict[str, _Node] = {}
+        self._closed = False
 
     async def __call__(self, endpoint: str) -> StorageClient | None:
-        client = self._clients.get(endpoint)
+        node = self._nodes.get(endpoint)
+        if node is None:
+            node = self._nodes[endpoint] = _Node(endpoint)
+        client = node.client
         if client is not None and not client.closed:
             return client
-        lock = self._locks.setdefault(endpoint, asyncio.Lock())
-        async with lock:
-            client = self._clients.get(endpoint)
-            if client is not None and not client.closed:
-                return client
-            try:
-                client = await asyncio.wait_for(
-                    StorageClient.connect(self.transport, endpoint, self.cluster_key, self.num_partitions, self.role),
-                    self.connect_timeout)
-            except (WaltzError, TimeoutError, OSError) as exc:
-                log.debug("storage %s unreachable: %s", endpoint, exc)
-                return None
-            self._clients[endpoint] = client
-            return client
+        if node.down_since is not None or self._closed:
+            return None  # known unreachable: the background loop tries it, nobody waits for it
+        if node.attempt is None:
+            node.attempt = asyncio.get_running_loop().create_task(self._attempt(node), name=f"connect-{endpoint}")
+        return await asyncio.shield(node.attempt)
+
+    async def _attempt(self, node: _Node) -> StorageClient | None:
+        try:
+            client = await asyncio.wait_for(
+                StorageClient.connect(self.transport, node.endpoint, self.cluster_key, self.num_partitions, self.role,
+                                      request_timeout=self.request_timeout,
+                                      on_failure=lambda exc: self._lost(node, exc)),
+                self.connect_timeout)
+        except (WaltzError, TimeoutError, OSError) as exc:
+            self._mark_down(node, str(exc) or f"no connection within {self.connect_timeout:g}s")
+            return None
+        finally:
+            node.attempt = None
+        if self._closed:
+            await client.close()
+            return None
+        if node.down_since is not None:
+            log.info("storage %s is reachable again (down %.1fs)", node.endpoint, time.monotonic() - node.down_since)
+        node.client, node.down_since, node.last_error = client, None, ""
+        return client
+
+    def _lost(self, node: _Node, exc: WaltzError) -> None:
+        """The node's connection failed (called by the client, on the loop)."""
+        node.client = None
+        self._mark_down(node, str(exc))
+
+    def _mark_down(self, node: _Node, reason: str) -> None:
+        node.last_error = reason
+        if node.down_since is None:
+            node.down_since = time.monotonic()
+            log.warning("storage %s unreachable: %s", node.endpoint, reason)
+        if not self._closed and (node.reconnect is None or node.reconnect.done()):
+            node.reconnect = asyncio.get_running_loop().create_task(self._reconnect(node),
+                                                                    name=f"reconnect-{node.endpoint}")
+
+    async def _reconnect(self, node: _Node) -> None:
+        delay = min(0.1, self.retry_interval)
+        while not self._closed:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.retry_interval)
+            if node.attempt is None:
+                node.attempt = asyncio.get_running_loop().create_task(self._attempt(node))
+            if await asyncio.shield(node.attempt) is not None:
+                return
 
     async def check(self, endpoint: str) -> bool:
         return await self(endpoint) is not None
 
+    def health(self) -> dict[str, tuple[bool, float | None, str]]:
+        """endpoint -> (reachable, seconds down or None, last error) for every node tried so far."""
+        now = time.monotonic()
+        return {ep: (n.client is not None and not n.client.closed,
+                     None if n.down_since is None else now - n.down_since, n.last_error)
+                for ep, n in sorted(self._nodes.items())}
+
     async def close(self) -> None:
-        clients, self._clients = self._clients, {}
-        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+        self._closed = True
+        nodes = list(self._nodes.values())
+        tasks = [t for n in nodes for t in (n.attempt, n.reconnect) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        clients = [n.client for n in nodes if n.client is not None]
+        for n in nodes:
+            n.client = None
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)

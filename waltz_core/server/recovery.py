@@ -1,6 +1,8 @@
 """Recovery of a partition at the start of every store session (seed 000 "Recovery Procedure").
 
-Run before any write of a new session, exactly as the seed lays out, per reachable replica:
+Run before any write of a new session, exactly as the seed lays out, per reachable replica (all
+replicas at once; recovery goes on as soon as the replicas that answered decide the vote, so a
+replica whose host vanished costs nothing but its absence):
 
 1. read its last session info (this also fences older sessions: the storage adopts the new
    session id) and its max transaction id;
@@ -38,6 +40,11 @@ NO_SESSION = -1
 
 CATCH_UP_BATCH = 500
 
+#: Seconds recovery waits for more replicas to answer after the last answer: long enough for a
+#: healthy replica that is merely a little slower (left out, it would be brought in by another
+#: session a second later), short next to the connect and request timeouts a vanished host costs.
+STRAGGLER_GRACE = 0.25
+
 
 @attrs.frozen
 class RecoveryResult:
@@ -53,6 +60,7 @@ class _Replica:
     api: ReplicaApi | None
     mark: int = -1  #: highest transaction id it holds after the pre-vote truncation
     prepared: bool = False
+    preparing: asyncio.Task[None] | None = None  #: connect + prepare in flight (may outlive one wait)
 
 
 class RecoveryFailed(WaltzError):
@@ -86,11 +94,16 @@ class Recovery:
 
     async def run(self) -> RecoveryResult:
         replicas = {ep: _Replica(ep, None) for ep in self.assigned}
+        try:
+            return await self._run(replicas)
+        finally:
+            await self._stop_preparing(replicas)
+
+    async def _run(self, replicas: dict[str, _Replica]) -> RecoveryResult:
         delay = self._retry
         while True:
             await self._prepare_reachable(replicas)
-            votes = {r.endpoint: r.mark for r in replicas.values() if r.prepared}
-            result = evaluate(votes, len(self.assigned))
+            result = self._evaluate(replicas)
             self.last_vote = result
             if not result.decided:
                 if await self._catch_up_towards_decision(replicas):
@@ -100,24 +113,59 @@ class Recovery:
                 delay = min(delay * 2, self._max_retry)
                 continue
             assert result.high_water_mark is not None
+            # Replicas that never answered count as offline, which the decision allowed for; one
+            # that answers between the decision and here is prepared and handled by _finish (a
+            # mark above the decided one is dirty: it could not reach a quorum with the offline
+            # replicas' help, so truncating it loses nothing committed).
+            stragglers = await self._stop_preparing(replicas)
+            if stragglers:
+                log.info("partition %d session %d: going on without %s (no answer yet)", self.partition_id,
+                         self.session_id, ", ".join(stragglers))
             return await self._finish(replicas, result.high_water_mark)
+
+    async def _stop_preparing(self, replicas: dict[str, _Replica]) -> list[str]:
+        """Cancel the prepares still in flight; the endpoints they were for."""
+        running = {r.endpoint: r.preparing for r in replicas.values() if r.preparing is not None and not r.preparing.done()}
+        for task in running.values():
+            task.cancel()
+        if running:
+            await asyncio.gather(*running.values(), return_exceptions=True)
+        return sorted(ep for ep, _ in running.items() if not replicas[ep].prepared)
 
     # --------------------------------------------------------------------------- steps 5.a-5.b
 
     async def _prepare_reachable(self, replicas: dict[str, _Replica]) -> None:
+        """Prepare every replica not prepared yet, all at once, and wait until they have all
+        answered or failed - but a replica may hang until a timeout (its host vanished), so wait
+        at most ``STRAGGLER_GRACE`` once some have answered and no answer came since: the vote and
+        the catch-up go on with those, and a straggler's prepare keeps running for the next
+        round (or is cancelled once the vote is decided: it joins later, through a new session)."""
         for r in replicas.values():
-            if r.prepared:
-                continue
+            if not r.prepared and (r.preparing is None or r.preparing.done()):
+                r.preparing = asyncio.ensure_future(self._prepare_one(r))
+        pending = {r.preparing for r in replicas.values() if r.preparing is not None and not r.preparing.done()}
+        while pending:
+            # Once a replica answered, each of the others has STRAGGLER_GRACE after the last answer.
+            answered = any(r.prepared for r in replicas.values())
+            done, pending = await asyncio.wait(pending, timeout=STRAGGLER_GRACE if answered else None,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                return
+
+    async def _prepare_one(self, r: _Replica) -> None:
+        if r.api is None:
+            r.api = await self._connect(r.endpoint)
             if r.api is None:
-                r.api = await self._connect(r.endpoint)
-                if r.api is None:
-                    continue
-            try:
-                r.mark = await self._prepare(r.endpoint, r.api)
-                r.prepared = True
-            except WaltzError as exc:
-                log.warning("partition %d: replica %s unavailable for recovery: %s", self.partition_id, r.endpoint, exc)
-                r.api = None
+                return
+        try:
+            r.mark = await self._prepare(r.endpoint, r.api)
+            r.prepared = True
+        except WaltzError as exc:
+            log.warning("partition %d: replica %s unavailable for recovery: %s", self.partition_id, r.endpoint, exc)
+            r.api = None
+
+    def _evaluate(self, replicas: dict[str, _Replica]) -> VoteResult:
+        return evaluate({r.endpoint: r.mark for r in replicas.values() if r.prepared}, len(self.assigned))
 
     async def _prepare(self, endpoint: str, api: ReplicaApi) -> int:
         sid, pid = self.session_id, self.partition_id

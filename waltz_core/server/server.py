@@ -72,7 +72,8 @@ class WaltzServer:
         params = await self.store_metadata.get_store_params()
         self.num_partitions = params.num_partitions
         self.connector = StorageConnector(self.transport, params.cluster_key, params.num_partitions,
-                                          f"{self.name} {core_version()}", cfg.transport.connect_timeout)
+                                          f"{self.name} {core_version()}", cfg.transport.connect_timeout,
+                                          cfg.server.storage_request_timeout)
         self._metadata = CoordinationMetadata(self.store_metadata)
         self._listener = await self.transport.listen(cfg.server.host, cfg.server.port, self._serve)
         self.address = self._listener.address

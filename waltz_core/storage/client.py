@@ -6,6 +6,13 @@ class the node raised (``FailureResponse.error_type``, via
 :func:`~waltz_core.errors.error_from_wire`). If the connection fails, every outstanding and
 later call raises :class:`~waltz_core.errors.ConnectionClosedError` (or the error the node
 sent before closing). All methods run on the event loop that called ``connect``.
+
+Every request has a deadline (``request_timeout``): a node that stops answering while requests
+are outstanding - a host that vanished, a hung disk - fails the connection with
+:class:`~waltz_core.errors.RequestTimeoutError` within that time, whatever the transport's idle
+timeout. Requests are pipelined and cannot be withdrawn one by one, so the whole connection goes;
+one watchdog timer per connection checks the oldest outstanding request, nothing is added per
+request.
 """
 
 from __future__ import annotations
@@ -14,10 +21,18 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConnectionClosedError, ProtocolError, TransportError, WaltzError, error_from_wire
+from ..errors import (
+    ConnectionClosedError,
+    ProtocolError,
+    RequestTimeoutError,
+    TransportError,
+    WaltzError,
+    error_from_wire,
+)
 from ..protocol import ADMIN, STORAGE, Family
 from ..protocol import admin as am
 from ..protocol import storage as sm
@@ -27,24 +42,50 @@ from ..transport.channel import MessageChannel
 
 log = logging.getLogger("waltz.storage.client")
 
+#: Seconds a data-port request may take before the connection is declared dead (servers pass
+#: ``server.storage_request_timeout``).
+DEFAULT_REQUEST_TIMEOUT = 5.0
+#: Admin requests (exports, assignment changes) may be slower; an operator's tool must not hang.
+ADMIN_REQUEST_TIMEOUT = 60.0
+
 
 class _Pipeline:
-    """A channel with a reader task that resolves one future per sequence number."""
+    """A channel with a reader task that resolves one future per sequence number.
 
-    def __init__(self, channel: MessageChannel, failure_types: tuple[type, ...]) -> None:
+    ``on_failure`` is called once, with the reason, when the connection fails for any reason
+    other than :meth:`close` (the server's view of storage health listens to it).
+    """
+
+    def __init__(self, channel: MessageChannel, failure_types: tuple[type, ...],
+                 request_timeout: float | None = None,
+                 on_failure: Callable[[WaltzError], None] | None = None) -> None:
         self.channel = channel
         self._failure_types = failure_types
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._seq = itertools.count(1)
         self._error: WaltzError | None = None
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self._on_failure = on_failure
+        self._closing = False
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read_loop())
+        self._watchdog: asyncio.TimerHandle | None = None
+        if request_timeout:
+            self._timeout = request_timeout
+            # Sequence numbers only grow and the pending dict keeps insertion order, so a request
+            # still pending that was issued before a check at least request_timeout ago is late.
+            self._checks: deque[tuple[float, int]] = deque()
+            self._period = max(0.05, request_timeout / 4)
+            self._watchdog = loop.call_later(self._period, self._check_deadlines)
 
     @property
     def closed(self) -> bool:
         return self._error is not None
 
     def next_seq(self) -> int:
-        return next(self._seq)
+        self._last_seq = seq = next(self._seq)
+        return seq
+
+    _last_seq = 0
 
     async def request(self, seq: int, msg: Any) -> Any:
         if self._error is not None:
@@ -62,6 +103,30 @@ class _Pipeline:
         if isinstance(response, self._failure_types):
             raise error_from_wire(response.error_type, response.message)
         return response
+
+    def _check_deadlines(self) -> None:
+        if self._error is not None:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        checks = self._checks
+        oldest = next(iter(self._pending), None)
+        if oldest is None:
+            checks.clear()
+        else:
+            while checks and checks[0][1] < oldest:
+                checks.popleft()  # every request issued before that check has been answered
+            if checks and now - checks[0][0] >= self._timeout:
+                self._fail(RequestTimeoutError(
+                    f"storage {self.channel.conn.peer}: no answer to a request within {self._timeout:g}s "
+                    f"({len(self._pending)} outstanding)"))
+                self._close_task = loop.create_task(self.channel.close())  # referenced until done
+                return
+            # Requests issued up to now (the last seq handed out) were sent before this check.
+            issued = self._last_seq
+            if not checks or checks[-1][1] != issued:
+                checks.append((now, issued))
+        self._watchdog = loop.call_later(self._period, self._check_deadlines)
 
     async def _read_loop(self) -> None:
         try:
@@ -84,14 +149,20 @@ class _Pipeline:
             raise
 
     def _fail(self, exc: WaltzError) -> None:
-        if self._error is None:
+        first = self._error is None
+        if first:
             self._error = exc
+            if self._watchdog is not None:
+                self._watchdog.cancel()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(type(exc)(str(exc)))
+        if first and not self._closing and self._on_failure is not None:
+            self._on_failure(exc)
 
     async def close(self) -> None:
+        self._closing = True
         self._reader.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
         self._fail(ConnectionClosedError("the client was closed"))
@@ -112,10 +183,15 @@ class StorageClient:
 
     @classmethod
     async def connect(cls, transport: Transport, address: str, cluster_key: uuid.UUID, num_partitions: int,
-                      role: str = "waltz-storage-client") -> StorageClient:
-        """Connect, handshake and send the open request; ClusterKeyMismatchError if the node refuses it."""
+                      role: str = "waltz-storage-client", *, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+                      on_failure: Callable[[WaltzError], None] | None = None) -> StorageClient:
+        """Connect, handshake and send the open request; ClusterKeyMismatchError if the node refuses it.
+
+        ``request_timeout`` bounds every request (None: no deadline); ``on_failure`` hears once
+        why the connection failed (not called for :meth:`close`).
+        """
         channel = await _open_channel(transport, address, STORAGE, role)
-        client = cls(_Pipeline(channel, (sm.FailureResponse,)), address)
+        client = cls(_Pipeline(channel, (sm.FailureResponse,), request_timeout, on_failure), address)
         try:
             await client._p.request(-1, sm.OpenRequest(-1, -1, -1, cluster_key, num_partitions))
         except BaseException:
@@ -194,9 +270,10 @@ class StorageAdminClient:
 
     @classmethod
     async def connect(cls, transport: Transport, address: str, cluster_key: uuid.UUID, num_partitions: int,
-                      role: str = "waltz-storage-admin-client") -> StorageAdminClient:
+                      role: str = "waltz-storage-admin-client", *,
+                      request_timeout: float | None = ADMIN_REQUEST_TIMEOUT) -> StorageAdminClient:
         channel = await _open_channel(transport, address, ADMIN, role)
-        client = cls(_Pipeline(channel, (am.AdminFailureResponse,)), address)
+        client = cls(_Pipeline(channel, (am.AdminFailureResponse,), request_timeout), address)
         try:
             seq = client._p.next_seq()
             await client._p.request(seq, am.AdminOpenRequest(seq, cluster_key, num_partitions))

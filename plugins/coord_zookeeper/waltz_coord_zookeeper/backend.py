@@ -14,6 +14,12 @@ session owner) instead of reporting a false conflict.
 
 Watches are kazoo one-shot watches re-armed by the backend: kazoo forgets every watcher when the
 connection drops, so after each reconnect the backend re-arms all watches and fires each once.
+
+Fail-over between members: kazoo opens the TCP connection to a member with the whole session
+timeout as its connect timeout, so a member whose host vanished (SYNs dropped, no reset) holds
+the client for a session timeout and the session expires although a majority is up. The handler
+here bounds each member's TCP connect (``member_connect_timeout``, by default the session timeout
+divided among the members plus one), so the client tries every member within one session timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 from kazoo.security import ACL, Id
 
@@ -113,6 +119,28 @@ class _Watch:
         self.backend._watches.discard(self)
 
 
+class _BoundedConnectHandler(SequentialThreadingHandler):
+    """kazoo's threading handler with a bound on each member's TCP connect (see the module docstring)."""
+
+    def __init__(self, connect_timeout: float) -> None:
+        super().__init__()
+        self.member_connect_timeout = connect_timeout
+
+    def create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is not None:
+            kwargs["timeout"] = min(kwargs["timeout"], self.member_connect_timeout)
+        return super().create_connection(*args, **kwargs)
+
+
+def member_connect_timeout(options: ZooKeeperOptions, session_timeout: float, connect: str) -> float:
+    """The bound on one member's TCP connect: the option, or the session timeout shared among the
+    members plus one (a client cycling through them all still reconnects within one session)."""
+    if options.member_connect_timeout > 0:
+        return options.member_connect_timeout
+    members = len([h for h in connect.split("/", 1)[0].split(",") if h.strip()])
+    return session_timeout / (max(members, 1) + 1)
+
+
 class ZooKeeperBackend:
     """Coordination on a ZooKeeper ensemble (see the module docstring for threading and retries).
 
@@ -151,6 +179,7 @@ class ZooKeeperBackend:
         self._zk = KazooClient(
             hosts=self.connect, timeout=self.session_timeout, default_acl=acl, auth_data=auth,
             connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": opts.reconnect_max_delay},
+            handler=_BoundedConnectHandler(member_connect_timeout(opts, self.session_timeout, self.connect)),
             logger=logging.getLogger("waltz.coordination.zookeeper.kazoo"),
         )
         self._zk.add_listener(self._on_kazoo_state)

@@ -39,6 +39,10 @@ class ZooKeeperOptions:
     )
     connect_timeout: float = key(15.0, "Seconds start() waits for the first connection before failing.")
     reconnect_max_delay: float = key(1.0, "Longest pause, in seconds, between two reconnection attempts.")
+    member_connect_timeout: float = key(
+        0.0, "Seconds one TCP connect to an ensemble member may take (a member whose host vanished answers "
+             "nothing); 0: the session timeout divided by the number of members plus one.",
+        validator=attrs.validators.ge(0.0))
 
     def __attrs_post_init__(self) -> None:
         if bool(self.auth_scheme) != bool(self.auth_credentials):

@@ -120,7 +120,9 @@ class PartitionWorker:
                 owner = await asyncio.wait_for(self._owner(), 5)
                 if owner is not None:
                     endpoint, self._generation = owner
-                    conn = await asyncio.wait_for(self.transport.connect(endpoint), 5)
+                    # A connect on a LAN that has not completed in a second will not: re-read the
+                    # owner instead (the partition may have moved off a host that vanished).
+                    conn = await asyncio.wait_for(self.transport.connect(endpoint), 1)
                     self._channel = await MessageChannel.open(conn, CLIENT, f"smoke-{self.client_id}", timeout=5)
                     self._reader = asyncio.ensure_future(self._read(self._channel))
                     self._mounted = asyncio.get_running_loop().create_future()
