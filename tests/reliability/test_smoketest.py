@@ -1,4 +1,5 @@
-"""The chaos smoke test in CI: a short run on local coordination and one on ZooKeeper.
+"""The chaos smoke test in CI: a short run on local coordination, one on ZooKeeper, and one with
+every process on a host of its own (network namespaces, isolate faults).
 
 Each run injects real faults (kill -9 and restart, SIGSTOP/SIGCONT, proxy cuts, black holes and
 delays between servers and storages; ZooKeeper kill -9 and restart) under bank-transfer load,
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from waltz_core.testing import require
+from waltz_core.testing.faults.netns import netns_available
 from waltz_core.testing.servers import zookeeper_available
 from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
 
@@ -42,3 +44,21 @@ async def test_short_smoketest_zookeeper_with_coordination_restarts(tmp_path: Pa
     assert result.verdict.ok, "\n".join(result.report())
     assert sum(result.faults.values()) >= 15, result.faults
     assert result.verdict.stats["ok"] > 200, result.verdict.stats
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+async def test_short_smoketest_every_process_on_its_own_host(tmp_path: Path) -> None:
+    # Every process in a network namespace of its own (3 ZooKeeper members, 3 storages, 2 servers):
+    # the nemesis adds "isolate" (the host vanishes: packets dropped, no reset) to every lane.
+    require(netns_available(), "root and iproute2 (network namespaces for the emulated hosts)")
+    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+    result = await run_smoketest(SmokeOptions(tmp_path, duration=40.0, min_faults=30, partitions=4,
+                                              coordination="zookeeper", coordination_nodes=3, hosts="netns",
+                                              seed=13))
+    print("\n".join(result.report()))
+    assert result.verdict.ok, "\n".join(result.report())
+    isolations = {k: v for k, v in result.faults.items() if k.endswith("-isolate")}
+    assert {"storage-isolate", "server-isolate"} <= set(isolations), result.faults
+    assert result.verdict.stats["ok"] > 500, result.verdict.stats
