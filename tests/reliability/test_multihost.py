@@ -1,15 +1,16 @@
 """Fail-over when a host vanishes, with every process on a host of its own.
 
 Each process runs in its own Linux network namespace with its own address in 198.18.0.0/15 (3
-ZooKeeper members, 3 storage nodes, 2 servers; the test process is the client host), so nothing
+ZooKeeper or etcd members, 3 storage nodes, 2 servers; the test process is the client host), so nothing
 may assume loopback. Under bank-transfer load on 64 partitions, one host at a time vanishes
 from the network (its switch port goes down: packets are dropped, nobody gets a reset) and comes
-back: a storage node, then a server, then the ZooKeeper leader.
+back: a storage node, then a server, then the coordination leader (ZooKeeper or etcd).
 
 Checked: the history (no lost acknowledged write, no duplicate, order and lock safety, every
 replica identical) and availability - every partition commits again *while the host is still
-gone* (a quorum of replicas, another server, a ZooKeeper majority remain). Printed: the
-per-partition commit stall of each fault (the figures of docs/reliability.md).
+gone* (a quorum of replicas, another server, a coordination majority remain) and again a few
+seconds after it returned. Printed: the per-partition commit stall of each fault (the figures
+of docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from waltz_core.testing import require
 from waltz_core.testing.faults import ClusterProcesses
 from waltz_core.testing.faults.netns import HostNetwork, netns_available
 from waltz_core.testing.history import OK, History, HistoryWriter
-from waltz_core.testing.servers import ZooKeeperServer, zookeeper_available
+from waltz_core.testing.servers import ZooKeeperServer, etcd_available, zookeeper_available
 from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
 
 PARTITIONS = 64
@@ -46,9 +47,13 @@ LATE = 5.0
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("coordination", ["zookeeper", "etcd"])
+async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path, coordination: str) -> None:
     require(netns_available(), "root and iproute2 (network namespaces for the emulated hosts)")
-    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+    if coordination == "zookeeper":
+        require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+    else:
+        require(etcd_available(), "etcd (Debian package etcd-server)")
     windows: list[tuple[str, float, float]] = []
 
     async def vanish_one_host_at_a_time(procs: ClusterProcesses, _proxies: Any, history: HistoryWriter) -> Any:
@@ -69,7 +74,7 @@ async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path) -> N
 
     result = await run_smoketest(
         SmokeOptions(tmp_path, duration=3600.0, clients=1, partitions=PARTITIONS, servers=2, accounts=100,
-                     coordination="zookeeper", coordination_nodes=3, hosts="netns", seed=21, session_timeout=6.0,
+                     coordination=coordination, coordination_nodes=3, hosts="netns", seed=21, session_timeout=6.0,
                      verify_timeout=180.0),
         cluster_hook=vanish_one_host_at_a_time)
     report = result.report()
@@ -95,6 +100,11 @@ async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path) -> N
                 if not any(end - LATE <= t <= end for t in commits.get(p, []))]
         assert not late, (f"{fault}: partitions {late} did not commit in the last {LATE:.0f} s of the "
                           f"{HOLD:.0f} s the host was gone\n" + "\n".join(report))
+        # ... and the host's return (rejoining, partitions moving back) is no outage either.
+        after = [p for p in range(PARTITIONS)
+                 if not any(end + SETTLE - LATE <= t <= end + SETTLE for t in commits.get(p, []))]
+        assert not after, (f"{fault}: partitions {after} did not commit {SETTLE - LATE:.0f}-{SETTLE:.0f} s after "
+                           "the host returned\n" + "\n".join(report))
 
 
 class _Tick(TransactionContext):

@@ -132,7 +132,7 @@ def _children_range(key: str) -> tuple[str, bytes]:
 class _Watch:
     """One :meth:`EtcdBackend.watch` registration (implements WatchHandle)."""
 
-    __slots__ = ("backend", "key", "callback", "cancelled", "watch_id", "revision", "pending", "arming")
+    __slots__ = ("backend", "key", "callback", "cancelled", "watch_id", "revision", "pending", "arming", "generation")
 
     def __init__(self, backend: EtcdBackend, key: str, callback: Callable[[], None], revision: int) -> None:
         self.backend = backend
@@ -143,6 +143,8 @@ class _Watch:
         self.revision = revision  # newest revision whose changes were delivered (or known)
         self.pending = False
         self.arming = False
+        #: bumped whenever the server watch must be made again; answers of older ones are ignored
+        self.generation = 0
 
     def relevant(self, event_key: bytes) -> bool:
         """The key itself or one of its direct children (the range also holds siblings like key-x)."""
@@ -152,8 +154,11 @@ class _Watch:
         prefix = self.key.rstrip("/") + "/"
         return k.startswith(prefix) and "/" not in k[len(prefix):]
 
-    def on_response(self, response: Any) -> None:  # pyetcd's watch thread
-        self.backend._post(self.backend._on_watch_response, self, response)
+    def responder(self, generation: int) -> Callable[[Any], None]:
+        """The callback for pyetcd's watch thread, tagged with the arming it belongs to."""
+        def on_response(response: Any) -> None:
+            self.backend._post(self.backend._on_watch_response, self, response, generation)
+        return on_response
 
     def cancel(self) -> None:
         """Stop calling the callback; idempotent. Call it on the backend's loop."""
@@ -198,7 +203,16 @@ class EtcdBackend:
     # ------------------------------------------------------------------------------- lifecycle
     def _make_client(self) -> pyetcd.MultiEndpointEtcd3Client:
         """Build the grpc client (blocking: authenticates when a user is configured)."""
-        opts = [("grpc.enable_http_proxy", 0)]  # loopback and cluster links never go through a proxy
+        opts = [
+            ("grpc.enable_http_proxy", 0),  # loopback and cluster links never go through a proxy
+            # A member whose host vanished answers nothing: without keepalive pings a watch stream
+            # on that connection stays open and silent forever. etcd refuses pings more often than
+            # every 5 s (--grpc-keepalive-min-time) and without an open stream.
+            ("grpc.keepalive_time_ms", 5000),
+            ("grpc.keepalive_timeout_ms", 2000),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
         endpoints = [pyetcd.Endpoint(host=h, port=p, secure=False, time_retry=self.options.endpoint_retry, opts=opts)
                      for h, p in self.endpoints]
         client = pyetcd.MultiEndpointEtcd3Client(
@@ -537,9 +551,12 @@ class EtcdBackend:
             while not handle.cancelled and not self._closed:
                 start = handle.revision + 1 if handle.revision > 0 else None
                 client = self.client
+                generation = handle.generation
+                respond = handle.responder(generation)
 
-                def create(client: pyetcd.MultiEndpointEtcd3Client = client, start: int | None = start) -> int:
-                    return int(client.add_watch_callback(handle.key, handle.on_response, range_end=prefix_end,
+                def create(client: pyetcd.MultiEndpointEtcd3Client = client, start: int | None = start,
+                           respond: Callable[[Any], None] = respond) -> int:
+                    return int(client.add_watch_callback(handle.key, respond, range_end=prefix_end,
                                                          start_revision=start))
 
                 try:
@@ -557,6 +574,10 @@ class EtcdBackend:
                 if handle.cancelled or self._closed:
                     self._cancel_server_watch(watch_id)
                     return
+                if generation != handle.generation:  # re-arm asked for while this one was made
+                    self._cancel_server_watch(watch_id)
+                    fire_after = True
+                    continue
                 handle.watch_id = watch_id
                 break
         finally:
@@ -582,10 +603,10 @@ class EtcdBackend:
         except RuntimeError:  # pool shutting down: the stream closes with the client
             pass
 
-    def _on_watch_response(self, handle: _Watch, response: Any) -> None:
+    def _on_watch_response(self, handle: _Watch, response: Any, generation: int) -> None:
         """On the loop: a watch response, or the end of the stream (an error or None)."""
-        if handle.cancelled or self._closed:
-            return
+        if handle.cancelled or self._closed or generation != handle.generation:
+            return  # cancelled, or the answer of a server watch that was since replaced
         if isinstance(response, WatchResponse):
             self._seen(response.header)
             if any(handle.relevant(ev.key) for ev in response.events):
@@ -629,8 +650,40 @@ class EtcdBackend:
             except Exception:  # noqa: BLE001
                 log.exception("session listener failed")
         if state is SessionState.CONNECTED and previous is not SessionState.CONNECTED:
-            for handle in list(self._watches):  # changes may have been missed: fire each once
-                self._deliver_soon(handle)
+            if previous is SessionState.SUSPENDED or previous is SessionState.LOST:
+                self._spawn(self._renew_watches())
+            else:
+                for handle in list(self._watches):  # changes may have been missed: fire each once
+                    self._deliver_soon(handle)
+
+    async def _renew_watches(self) -> None:
+        """After the session was in trouble, make every server watch again on a new stream.
+
+        A watch stream whose connection died silently (its member's host vanished) stays open on
+        this side and delivers nothing, and may be the one stream pyetcd would reuse: so a new
+        watcher (a new stream) is put in place, every watch is armed again from the revision it
+        had delivered, and each fires once (changes may have been missed). Answers of the old
+        watches are ignored (generation).
+        """
+        client = self._client
+        if client is None:
+            return
+
+        def new_stream() -> Any:
+            old, client.watcher = client.watcher, client.get_watcher()
+            return old
+
+        try:
+            old = await self._in_pool(new_stream)
+        except (CoordinationError, grpc.RpcError, etcd_exc.Etcd3Exception, ValueError) as exc:
+            log.debug("etcd: could not open a new watch stream yet: %r", exc)
+            old = None
+        for handle in list(self._watches):
+            handle.generation += 1
+            handle.watch_id = None  # the old server watch dies with its stream
+            self._spawn(self._arm(handle, fire_after=True))
+        if old is not None and self._pool is not None:
+            self._pool.submit(old.close).add_done_callback(lambda f: f.exception())
 
 
 def _log_task_failure(task: asyncio.Task[Any]) -> None:
