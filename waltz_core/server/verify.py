@@ -66,31 +66,37 @@ async def verify(backend: CoordinationBackend, root: str, transport: Transport,
     connections = await sm.get_connections()
     pids = list(partitions) if partitions is not None else list(range(params.num_partitions))
 
-    # Ask every owner what it serves, and every storage node what it holds.
+    # Ask every owner what it serves, and every storage node what it holds - all at once, so a
+    # host that vanished costs one timeout, not one per host.
     owners = {p.partition_id: p for p in assignment.partitions}
-    server_views: dict[str, tuple[dict[int, bool], dict[str, bool]] | None] = {}
-    for endpoint in {p.endpoint for p in assignment.partitions if p.endpoint}:
+
+    async def server_view(endpoint: str) -> tuple[dict[int, bool], dict[str, bool]] | None:
         try:
             client = await ServerAdminClient.connect(transport, endpoint, timeout)
             try:
-                server_views[endpoint] = (await client.partition_health(), await client.storage_connectivity())
+                return await client.partition_health(), await client.storage_connectivity()
             finally:
                 await client.close()
         except (WaltzError, OSError, TimeoutError):
-            server_views[endpoint] = None
-    storage_views: dict[str, dict[int, bool] | None] = {}
-    for storage in replicas:
-        host = storage.rpartition(":")[0]
-        admin = f"{host}:{connections.get(storage, 0)}"
+            return None
+
+    async def storage_view(storage: str) -> dict[int, bool] | None:
+        admin = f"{storage.rpartition(':')[0]}:{connections.get(storage, 0)}"
         try:
             client = await asyncio.wait_for(
                 StorageAdminClient.connect(transport, admin, params.cluster_key, params.num_partitions), timeout)
             try:
-                storage_views[storage] = await client.assigned_partition_status()
+                return await asyncio.wait_for(client.assigned_partition_status(), timeout)
             finally:
                 await client.close()
         except (WaltzError, OSError, TimeoutError):
-            storage_views[storage] = None
+            return None
+
+    endpoints = sorted({p.endpoint for p in assignment.partitions if p.endpoint})
+    storages = sorted(replicas)
+    views = await asyncio.gather(*map(server_view, endpoints), *map(storage_view, storages))
+    server_views = dict(zip(endpoints, views[:len(endpoints)], strict=True))
+    storage_views = dict(zip(storages, views[len(endpoints):], strict=True))
 
     checks: list[Check] = []
     for pid in pids:
