@@ -119,10 +119,18 @@ class ServerConfig:
     lock_table: str = key("hashed", "Lock-table strategy name: hashed (the seed's table) or exact.")
     lock_table_size: int = key(30_000, "Slots per partition in the hashed lock table (L).")
     lock_hash_count: int = key(3, "Hash functions per lock in the hashed lock table (N).")
-    feed_cache_size: int = key(64 * 1024 * 1024, "Bytes of recent transaction headers kept for feeds.")
-    transaction_data_cache_size: int = key(128 * 1024 * 1024, "Bytes of recent transaction data kept for data RPCs.")
-    min_fetch_size: int = key(100, "Minimum feed batch for a feed request; must be below realtime_threshold.")
-    realtime_threshold: int = key(1000, "Feed contexts fewer transactions behind than this are served by the near-realtime feed.")
+    feed_cache_budget: int = key(
+        64 * 1024 * 1024, "Bytes of recent feed frames (transaction headers) the server keeps for feeds, shared by "
+                          "all its partitions (about 72 bytes per transaction); the oldest go first.",
+        validator=attrs.validators.ge(0))
+    data_cache_budget: int = key(
+        128 * 1024 * 1024, "Bytes of recent transaction data the server keeps for data RPCs, shared by all its "
+                           "partitions (data size plus about 260 bytes per transaction); the oldest go first.",
+        validator=attrs.validators.ge(0))
+    replication_buffer_budget: int = key(
+        64 * 1024 * 1024, "Bytes of committed records the server keeps for replicas that are behind, shared by all "
+                          "its partitions; a replica further behind reads from its peers instead.",
+        validator=attrs.validators.ge(0))
     append_queue_size: int = key(100, "Appends queued per partition before the server stops reading the connection.")
     max_batch_size: int = key(100, "Largest batch of records sent to storage replicas at once.")
     storage_request_timeout: float = key(
@@ -262,6 +270,20 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {tp!r}")  # a bug in a config class, not user input
 
 
+#: Keys that existed once: (config class, key) -> what to do instead. A file that still has one
+#: gets this one line, never a silent success (the key would do nothing).
+REMOVED_KEYS: dict[tuple[str, str], str] = {
+    ("ServerConfig", "feed_cache_size"): "removed in 0.2: the feed cache is one budget per server now, "
+                                         "set server.feed_cache_budget (bytes, all partitions together)",
+    ("ServerConfig", "transaction_data_cache_size"): "removed in 0.2: the data cache is one budget per server now, "
+                                                     "set server.data_cache_budget (bytes, all partitions together)",
+    ("ServerConfig", "min_fetch_size"): "removed in 0.2: it did nothing (every feed reads headers from the "
+                                        "cache or from storage in batches of up to 256); delete the line",
+    ("ServerConfig", "realtime_threshold"): "removed in 0.2: it did nothing (a feed behind the cache reads "
+                                            "storage in its own task, never holding up others); delete the line",
+}
+
+
 def build(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
     """Build config class ``cls`` from a mapping, validating every key.
 
@@ -278,6 +300,8 @@ def build(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
             kwargs[k] = _convert(v, hints[k], path)
         elif "options" in names and isinstance(v, Mapping):
             options[k] = dict(v)
+        elif (cls.__name__, k) in REMOVED_KEYS:
+            raise ConfigError(f"{path}: {REMOVED_KEYS[cls.__name__, k]}")
         else:
             known = ", ".join(sorted(n for n in names if n != "options"))
             raise ConfigError(f"{path}: unknown key (known keys{' of [' + where + ']' if where else ''}: {known})")
@@ -302,6 +326,8 @@ def _env_overrides(cls: type, environ: Mapping[str, str]) -> dict[str, dict[str,
         sub_cls = typing.get_type_hints(cls)[section]
         if not attrs.has(sub_cls):
             continue
+        if (sub_cls.__name__, field) in REMOVED_KEYS:
+            raise ConfigError(f"environment variable {env_key}: {REMOVED_KEYS[sub_cls.__name__, field]}")
         if field not in {f.name for f in attrs.fields(sub_cls)}:
             known = ", ".join(f"WALTZ_{section.upper()}_{f.name.upper()}" for f in attrs.fields(sub_cls) if f.name != "options")
             raise ConfigError(f"environment variable {env_key}: unknown key {section}.{field} (known: {known})")

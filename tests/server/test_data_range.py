@@ -19,13 +19,17 @@ from waltz_core.protocol import CLIENT
 from waltz_core.protocol import client as m
 from waltz_core.protocol.wire import ReqId, crc32
 from waltz_core.server import partition as partition_module
+from waltz_core.server.caches import DATA_ENTRY_OVERHEAD
 from waltz_core.server.partition import Partition
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.transport import MessageChannel, open_transport
 
 pytestmark = pytest.mark.timeout(60)
 
-CACHE_BYTES = 1000  # the data cache holds the last 25 transactions of 40 bytes; bigger than 250 never
+# The data cache holds the last 25 transactions of 40 bytes (each costs its data plus the entry's
+# overhead); one bigger than a quarter of the budget is never cached.
+CACHE_BYTES = 25 * (40 + DATA_ENTRY_OVERHEAD)
+BIG = CACHE_BYTES // 4 + 100
 
 
 def payload(i: int, size: int = 40) -> bytes:
@@ -73,7 +77,7 @@ class Conn:
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
     spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp",
-                       server_overrides={"transaction_data_cache_size": CACHE_BYTES})
+                       server_overrides={"data_cache_budget": CACHE_BYTES})
     async with InProcessCluster(spec) as cl:
         yield cl
 
@@ -124,7 +128,7 @@ async def test_cache_miss_is_one_storage_read(cluster: InProcessCluster) -> None
     assert reads == [(0, 60)]
     reads.clear()
     # A cached prefix, then a transaction too big for the cache: the rest in one storage read.
-    big = payload(60, 400)
+    big = payload(60, BIG)
     assert await c.append_all([big, payload(61), payload(62)]) == 62
     resp = await c.data_range(57, 100)
     assert resp.data == (payload(57), payload(58), payload(59), big, payload(61), payload(62))
@@ -152,7 +156,7 @@ async def test_count_and_byte_caps(cluster: InProcessCluster, monkeypatch: pytes
 async def test_storage_failure_is_an_error_answer(cluster: InProcessCluster) -> None:
     c = await connect(cluster)
     assert await c.append_all([payload(i) for i in range(60)]) == 59
-    big = payload(60, 400)
+    big = payload(60, BIG)
     assert await c.append_all([big, payload(61)]) == 61
     partition = cluster.servers[0].partitions[0]
 

@@ -79,7 +79,7 @@ class Raw:
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
     spec = ClusterSpec(tmp_path, num_partitions=2, transport="tcp", http=True,
-                       server_overrides={"feed_cache_size": 64 * 40})  # a tiny feed cache: catch-up reads storage
+                       server_overrides={"feed_cache_budget": 72 * 40})  # a tiny feed cache: catch-up reads storage
     async with InProcessCluster(spec) as cl:
         yield cl
 

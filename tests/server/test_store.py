@@ -246,3 +246,30 @@ async def test_closing_a_partition_while_it_recovers_stops_everything() -> None:
     replicas["s2:1"].down = False
     await asyncio.sleep(0.3)
     assert store.session is None, "nothing may start a session after close"
+
+
+async def test_a_slow_replica_is_buffered_only_up_to_the_partitions_share_then_reads_from_peers() -> None:
+    from waltz_core.server.store import ReplicationBudget
+
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    budget = ReplicationBudget(4096)
+    budget.stores = 1  # another partition of the server holds a share: this one gets half
+    store = ReplicatedStore(0, 0, MemoryMetadata({0: EPS}), connector(replicas), CONFIG, budget)
+    sink = Sink()
+    await store.open(sink)
+    assert budget.share == 2048
+    replicas["s3:1"].delay = 0.05  # in the session, but far slower than the quorum
+    peak = 0
+    for i in range(40):
+        await append_n(store, 10, start=10 * i)
+        session = store.session
+        assert session is not None
+        committed_bytes = sum(len(r) for r in list(session._buffer)[:max(0, session.committed - session.buffer_first + 1)])
+        peak = max(peak, committed_bytes)
+    await store.flush()
+    assert peak <= budget.share, f"{peak} bytes of committed records buffered, share {budget.share}"
+    # The slow replica still gets everything: what left the buffer it read from its peers.
+    await wait_for(lambda: len(replicas["s3:1"].log(0)) == sink.committed + 1, timeout=20)
+    assert replicas["s3:1"].log(0) == replicas["s1:1"].log(0)[: sink.committed + 1]
+    await store.close()
+    assert budget.stores == 1  # the store gave its share back

@@ -1,45 +1,160 @@
 """The server's caches of recent transactions: feed frames for feeds, data for data RPCs.
 
-Both are bounded by bytes (``feed_cache_size``, ``transaction_data_cache_size``) and hold the
-most recent committed transactions of one partition; anything older is read from storage.
+Each partition has its own :class:`FeedCache` and :class:`DataCache` (contiguous by transaction
+id, oldest first), but their bytes count against one :class:`CacheBudget` per kind for the whole
+server (``server.feed_cache_budget``, ``server.data_cache_budget``): a busy partition may use
+most of it, an idle one nothing, and the server's cache memory is known in advance whatever the
+number of partitions it owns. When a budget is exceeded the globally oldest entries go first.
+
+Costs on the commit path: a partition adds every committed transaction to its caches (an append,
+no accounting), then charges the budget once per commit batch (:meth:`FeedCache.settle`), which
+records (cache, generation, count) in the budget's FIFO, whose own bytes are charged too; eviction
+pops from the head of that FIFO. A cache that is emptied (a session reset, a closed partition)
+bumps its generation, so its stale FIFO entries are skipped. Entry costs are measured, not guessed (tracemalloc on CPython
+3.11): a 29-byte feed frame in a deque is 70 bytes; a data entry is 193 bytes of OrderedDict slot,
+tuple and key, plus the 33-byte header of the data's ``bytes`` and its 32-byte checksum ``int``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-#: Approximate bytes one cached feed frame costs (29-byte FeedData payload plus object overhead).
+#: Bytes one cached feed frame costs (29-byte FeedData payload plus object and deque overhead).
 FRAME_COST = 72
+#: Bytes one cached data entry costs beyond its data (dict slot, tuple, key, bytes header, checksum).
+DATA_ENTRY_OVERHEAD = 260
+#: Bytes one settled batch costs in a budget's FIFO (a slot in each of three deques).
+FIFO_ENTRY_COST = 24
 
 
-class FeedCache:
+class CacheBudget:
+    """Bytes shared by one kind of cache of every partition of a server.
+
+    The FIFO of settled batches is three parallel deques (owner, generation, entries): 24 bytes a
+    batch, charged to the budget too - with one-record commit batches on many partitions there
+    are as many batches as entries, and an uncounted FIFO would double a feed cache's memory.
+    """
+
+    __slots__ = ("limit", "used", "_owners", "_generations", "_counts")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._owners: deque[_BudgetedCache] = deque()
+        self._generations: deque[int] = deque()
+        self._counts: deque[int] = deque()
+
+    def charge(self, cache: _BudgetedCache, count: int, nbytes: int) -> None:
+        """``count`` entries of ``nbytes`` were added to ``cache``; evict the oldest if over the limit."""
+        owners, counts = self._owners, self._counts
+        if owners and owners[-1] is cache and self._generations[-1] == cache.generation:
+            counts[-1] += count  # consecutive batches of one partition: one FIFO entry
+        else:
+            owners.append(cache)
+            self._generations.append(cache.generation)
+            counts.append(count)
+            nbytes += FIFO_ENTRY_COST
+        self.used += nbytes
+        while self.used > self.limit and owners:
+            owner, entries = owners[0], counts[0]
+            if self._generations[0] != owner.generation:
+                self._pop()  # emptied since: its bytes were already given back
+                continue
+            evicted, freed = owner.evict_oldest(entries, self.used - self.limit)
+            self.used -= freed
+            if evicted >= entries or evicted == 0:
+                self._pop()
+            else:
+                counts[0] = entries - evicted
+
+    @property
+    def fifo_bytes(self) -> int:
+        """Bytes of the FIFO itself (part of ``used``)."""
+        return len(self._owners) * FIFO_ENTRY_COST
+
+    def _pop(self) -> None:
+        self._owners.popleft()
+        self._generations.popleft()
+        self._counts.popleft()
+        self.used -= FIFO_ENTRY_COST
+
+    def released(self, nbytes: int) -> None:
+        """A cache dropped ``nbytes`` by itself (emptied)."""
+        self.used -= nbytes
+
+
+class _BudgetedCache:
+    """What the budget needs from a cache."""
+
+    __slots__ = ("budget", "generation", "_bytes", "_pending_count", "_pending_bytes")
+
+    def __init__(self, budget: CacheBudget) -> None:
+        self.budget = budget
+        self.generation = 0
+        self._bytes = 0  #: charged to the budget
+        self._pending_count = 0  #: added since the last settle()
+        self._pending_bytes = 0
+
+    def settle(self) -> None:
+        """Charge the budget for what was added since the last call (once per commit batch)."""
+        if self._pending_count:
+            count, nbytes = self._pending_count, self._pending_bytes
+            self._pending_count = self._pending_bytes = 0
+            self._bytes += nbytes
+            self.budget.charge(self, count, nbytes)
+
+    def evict_oldest(self, count: int, nbytes: int) -> tuple[int, int]:
+        """Drop the oldest *settled* entries, at most ``count``, until ``nbytes`` are freed:
+        (entries dropped, bytes freed)."""
+        raise NotImplementedError
+
+    def _emptied(self) -> None:
+        self.generation += 1
+        self.budget.released(self._bytes)
+        self._bytes = self._pending_count = self._pending_bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this cache holds now (settled or not)."""
+        return self._bytes + self._pending_bytes
+
+
+class FeedCache(_BudgetedCache):
     """Recent feed frames (encoded FeedData) of one partition, contiguous by transaction id.
 
     A commit is encoded once, here; every mounted client's feed posts the same bytes.
     """
 
-    __slots__ = ("_frames", "_first", "_capacity")
+    __slots__ = ("_frames", "_first")
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, budget: CacheBudget) -> None:
+        super().__init__(budget)
         self._frames: deque[bytes] = deque()
         self._first = 0  # transaction id of _frames[0]
-        self._capacity = max(64, capacity_bytes // FRAME_COST)
 
     def reset(self, next_transaction_id: int) -> None:
         """Empty the cache; the next frame added must be ``next_transaction_id``'s."""
         self._frames.clear()
         self._first = next_transaction_id
+        self._emptied()
 
     def add(self, transaction_id: int, frame: bytes) -> None:
         frames = self._frames
         if transaction_id != self._first + len(frames):
             # Not contiguous (after a reset or a gap): restart the window at this transaction.
-            frames.clear()
-            self._first = transaction_id
+            self.reset(transaction_id)
         frames.append(frame)
-        if len(frames) > self._capacity:
+        self._pending_count += 1
+        self._pending_bytes += FRAME_COST
+
+    def evict_oldest(self, count: int, nbytes: int) -> tuple[int, int]:
+        frames = self._frames
+        n = min(count, len(frames) - self._pending_count, -(-nbytes // FRAME_COST))
+        for _ in range(n):
             frames.popleft()
-            self._first += 1
+        self._first += n
+        self._bytes -= n * FRAME_COST
+        return n, n * FRAME_COST
 
     def get(self, first: int, max_count: int) -> list[bytes] | None:
         """Frames of ``first, first+1, ...`` (at most ``max_count``) or None when ``first`` is not cached."""
@@ -53,30 +168,41 @@ class FeedCache:
         return [frames[i] for i in range(start, end)]
 
 
-class DataCache:
-    """Recent transaction data, by transaction id, bounded by total bytes (LRU)."""
+class DataCache(_BudgetedCache):
+    """Recent transaction data of one partition, by transaction id, oldest first.
 
-    __slots__ = ("_items", "_bytes", "_capacity", "_max_item")
+    Entries larger than a quarter of the budget are not cached (as the original).
+    """
 
-    def __init__(self, capacity_bytes: int) -> None:
+    __slots__ = ("_items", "_max_item")
+
+    def __init__(self, budget: CacheBudget) -> None:
+        super().__init__(budget)
         self._items: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
-        self._bytes = 0
-        self._capacity = capacity_bytes
-        self._max_item = capacity_bytes // 4  # as the original: big items are not cached
+        self._max_item = budget.limit // 4
 
     def put(self, transaction_id: int, data: bytes, checksum: int) -> None:
         size = len(data)
         if size > self._max_item:
             return
         self._items[transaction_id] = (data, checksum)
-        self._bytes += size
-        while self._bytes > self._capacity and self._items:
-            _, (old, _) = self._items.popitem(last=False)
-            self._bytes -= len(old)
+        self._pending_count += 1
+        self._pending_bytes += size + DATA_ENTRY_OVERHEAD
+
+    def evict_oldest(self, count: int, nbytes: int) -> tuple[int, int]:
+        items = self._items
+        limit = min(count, len(items) - self._pending_count)
+        n = freed = 0
+        while n < limit and freed < nbytes:
+            _, (data, _) = items.popitem(last=False)
+            freed += len(data) + DATA_ENTRY_OVERHEAD
+            n += 1
+        self._bytes -= freed
+        return n, freed
 
     def get(self, transaction_id: int) -> tuple[bytes, int] | None:
         return self._items.get(transaction_id)
 
     def clear(self) -> None:
         self._items.clear()
-        self._bytes = 0
+        self._emptied()

@@ -31,7 +31,7 @@ from ..protocol.wire import Record, RecordHeader, ReqId
 from ..metrics import Histogram
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
 from ..inbox import Inbox
-from .caches import DataCache, FeedCache
+from .caches import CacheBudget, DataCache, FeedCache
 from .link import ClientLink
 
 log = logging.getLogger("waltz.server.partition")
@@ -91,6 +91,10 @@ class Store(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes the store keeps for its replicas (the server's replication budget)."""
+
 
 @attrs.define(slots=True)
 class _Pending:
@@ -124,7 +128,8 @@ class _Barrier:
 class Partition:
     def __init__(self, partition_id: int, generation: int, store: Store, lock_table_factory: Any,
                  config: ServerConfig, commit_latency: Histogram | None = None, *,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 budgets: tuple[CacheBudget, CacheBudget] | None = None) -> None:
         self.partition_id = partition_id
         self.generation = generation
         self.store = store
@@ -138,8 +143,12 @@ class Partition:
         #: appends, flushes and mounts in arrival order; connection readers wait while it is full
         self._inbox: Inbox[tuple[m.AppendRequest, ClientLink] | _Barrier] = Inbox(config.append_queue_size)
         self._pending: deque[_Pending] = deque()
-        self._feed_cache = FeedCache(config.feed_cache_size)
-        self._data_cache = DataCache(config.transaction_data_cache_size)
+        # The server's budgets (feed, data), shared with its other partitions; a budget of our own
+        # when the partition stands alone (tests).
+        feed_budget, data_budget = budgets or (CacheBudget(config.feed_cache_budget),
+                                               CacheBudget(config.data_cache_budget))
+        self._feed_cache = FeedCache(feed_budget)
+        self._data_cache = DataCache(data_budget)
         self._clients: dict[int, _ClientSlot] = {}
         self._committed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -182,6 +191,8 @@ class Partition:
             slot.link.post(m.FeedSuspended(ReqId(0, self.generation, self.partition_id, 0)))
         self._clients.clear()
         await self.store.close()
+        self._feed_cache.reset(0)  # give the server's cache budgets back at once
+        self._data_cache.clear()
         self._wake_feeds()
 
     # -------------------------------------------------------------------------- message entry
@@ -325,6 +336,8 @@ class Partition:
             data_put(p.transaction_id, p.data, p.checksum)
             if p.locks is not NO_LOCKS and locks is not None:
                 locks.commit(p.locks, p.transaction_id)
+        self._feed_cache.settle()  # charge the server's budgets once per commit batch
+        self._data_cache.settle()
         if high_water_mark > self.high_water_mark:
             self.high_water_mark = high_water_mark
         self._wake_feeds()

@@ -28,10 +28,11 @@ from ..protocol import CLIENT
 from ..protocol import client as m
 from ..transport import MessageChannel, is_plaintext, open_transport
 from ..transport.base import Connection, Listener
+from .caches import CacheBudget
 from .glue import CoordinationMetadata, StorageConnector
 from .link import ClientLink
 from .partition import Partition
-from .store import ReplicatedStore
+from .store import ReplicatedStore, ReplicationBudget
 
 log = logging.getLogger("waltz.server")
 
@@ -54,6 +55,10 @@ class WaltzServer:
         self._links: set[ClientLink] = set()
         self._assignment_lock = asyncio.Lock()
         self._closed = False
+        # One budget per kind for the whole server, whatever the number of partitions it owns.
+        self.feed_budget = CacheBudget(config.server.feed_cache_budget)
+        self.data_budget = CacheBudget(config.server.data_cache_budget)
+        self.replication_budget = ReplicationBudget(config.server.replication_buffer_budget)
         # Resolve the lock-table strategy now so a bad name fails at start, not at the first partition.
         self.registries.resolve("lock_table", config.server.lock_table)
 
@@ -61,10 +66,6 @@ class WaltzServer:
 
     async def start(self) -> None:
         cfg = self.config
-        if cfg.server.min_fetch_size >= cfg.server.realtime_threshold:
-            from ..errors import ConfigError
-
-            raise ConfigError("server.min_fetch_size must be below server.realtime_threshold")
         self.transport = open_transport(cfg.transport, self.registries)
         self.coordination = open_coordination(cfg.coordination, self.registries)
         await self.coordination.start()
@@ -133,12 +134,14 @@ class WaltzServer:
                     self._open_partition(pid, generation)
 
     def _open_partition(self, pid: int, generation: int) -> None:
-        store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server)
+        store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server,
+                                self.replication_budget)
         server_cfg, regs = self.config.server, self.registries
         latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",
                                          {"partition": str(pid)})
         partition = Partition(pid, generation, store, lambda hwm: open_lock_table(server_cfg, hwm, regs), server_cfg,
-                              latency, max_frame_size=self.config.transport.max_frame_size)
+                              latency, max_frame_size=self.config.transport.max_frame_size,
+                              budgets=(self.feed_budget, self.data_budget))
         self.partitions[pid] = partition
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
 
@@ -267,7 +270,18 @@ class WaltzServer:
     async def _metrics_loop(self) -> None:
         """Refresh per-partition gauges once a second (never on the append path)."""
         reg = self.metrics
+        budgets = {"feed": self.feed_budget, "data": self.data_budget}
+        for name, budget in budgets.items():
+            reg.gauge("cache_budget_bytes", "Bytes the server may keep in this cache, all partitions together",
+                      {"cache": name}).set(budget.limit)
+        reg.gauge("cache_budget_bytes", "Bytes the server may keep in this cache, all partitions together",
+                  {"cache": "replication"}).set(self.replication_budget.limit)
         while True:
+            for name, budget in budgets.items():
+                reg.gauge("cache_bytes", "Bytes held in this cache, all partitions together",
+                          {"cache": name}).set(budget.used)
+            reg.gauge("cache_bytes", "Bytes held in this cache, all partitions together", {"cache": "replication"}).set(
+                sum(p.store.buffered_bytes for p in self.partitions.values()))
             for pid, p in list(self.partitions.items()):
                 labels = {"partition": str(pid)}
                 reg.gauge("high_water_mark", "Committed high-water mark", labels).set(p.high_water_mark)

@@ -71,8 +71,23 @@ ReplicaConnector = Callable[[str], Awaitable[ReplicaApi | None]]
 #: Seconds between attempts to reach replicas that are not in the current session.
 PROBE_INTERVAL = 1.0
 
-#: Committed records a session keeps buffered for slow replicas before they must read from peers.
-BUFFER_LIMIT = 20_000
+
+
+class ReplicationBudget:
+    """Bytes of committed records the stores of one server keep for replicas that are behind
+    (``server.replication_buffer_budget``), shared evenly by the stores open: a replica further
+    behind than its partition's share reads from its peers instead (seed: "falling behind").
+    Records not yet committed are always kept: the in-flight window bounds them."""
+
+    __slots__ = ("limit", "stores")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.stores = 0
+
+    @property
+    def share(self) -> int:
+        return self.limit // max(1, self.stores)
 
 
 class _ReplicaSession:
@@ -137,6 +152,7 @@ class StoreSession:
         #: records after buffer_first - 1, in order, each encoded once in the stored layout: every
         #: replica session sends slices of the same bytes (storage appends carry this layout)
         self._buffer: deque[bytes] = deque()
+        self._buffer_bytes = 0
         self.buffer_first = start_hwm + 1
         self._records_event = asyncio.Event()
         self._broken: BaseException | None = None
@@ -147,7 +163,9 @@ class StoreSession:
     def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
         txn = self.last_assigned + 1
         self.last_assigned = txn
-        self._buffer.append(encode_stored_record(txn, req_id, header, data, checksum))
+        record = encode_stored_record(txn, req_id, header, data, checksum)
+        self._buffer.append(record)
+        self._buffer_bytes += len(record)
         ev = self._records_event
         if not ev.is_set():
             ev.set()
@@ -189,16 +207,17 @@ class StoreSession:
             self.store.session_committed(self, candidate)
 
     def _trim(self) -> None:
-        # Keep records a streaming replica still needs, up to a bound: a replica further behind
-        # is "falling behind" and catches up from its peers instead (seed: Store Partition Object).
+        # Keep what a streaming replica still needs, within this partition's share of the
+        # server's replication budget: a replica further behind is "falling behind" and catches
+        # up from its peers instead (seed: Store Partition Object). Uncommitted records stay.
         low = min((r.acked for r in self.replicas.values() if r.clean), default=self.committed)
-        low = max(low, self.committed - BUFFER_LIMIT)
+        share = self.store.replication_budget.share
         buf = self._buffer
-        drop = min(low - self.buffer_first + 1, len(buf))
-        for _ in range(drop):
-            buf.popleft()
-        if drop > 0:
-            self.buffer_first += drop
+        first, nbytes = self.buffer_first, self._buffer_bytes
+        while buf and (first <= low or (nbytes > share and first <= self.committed)):
+            nbytes -= len(buf.popleft())
+            first += 1
+        self.buffer_first, self._buffer_bytes = first, nbytes
 
     def replica_joined(self, endpoint: str) -> None:
         self.store.replica_joined(self, endpoint)
@@ -220,13 +239,20 @@ class StoreSession:
     def broken(self) -> bool:
         return self._broken is not None
 
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffer_bytes
+
 
 class ReplicatedStore:
     """Implements the partition's ``Store`` protocol over store sessions."""
 
     def __init__(self, partition_id: int, generation: int, metadata: MetadataAccess, connect: ReplicaConnector,
-                 config: ServerConfig) -> None:
+                 config: ServerConfig, replication_budget: ReplicationBudget | None = None) -> None:
         self.partition_id = partition_id
+        #: the server's, shared with its other partitions; one of our own when standing alone (tests)
+        self.replication_budget = replication_budget or ReplicationBudget(config.replication_buffer_budget)
+        self._budgeted = False
         self.generation = generation
         self.metadata = metadata
         self._connect = connect
@@ -247,6 +273,8 @@ class ReplicatedStore:
 
     async def open(self, sink: StoreSink) -> int:
         self._sink = sink
+        self.replication_budget.stores += 1
+        self._budgeted = True
         await self._start_session_with_retry()
         if self._closed:
             raise PartitionNotReadyError(f"partition {self.partition_id} was closed while it was recovering")
@@ -255,6 +283,9 @@ class ReplicatedStore:
 
     async def close(self) -> None:
         self._closed = True
+        if self._budgeted:
+            self._budgeted = False
+            self.replication_budget.stores -= 1
         if self._supervisor is not None:
             self._supervisor.cancel()
             await asyncio.gather(self._supervisor, return_exceptions=True)
@@ -451,3 +482,9 @@ class ReplicatedStore:
     def healthy(self) -> bool:
         s = self.session
         return s is not None and not s.broken
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of encoded records the current session keeps for its replicas."""
+        s = self.session
+        return s.buffered_bytes if s is not None else 0
