@@ -220,8 +220,20 @@ async def test_http_health_and_metrics(cluster: InProcessCluster) -> None:
     text = body.decode()
     assert status == 200 and 'waltz_server_high_water_mark{partition="0"} 0' in text
     assert "waltz_server_commit_latency_seconds_bucket" in text
+    for node in cluster.spec.storages:
+        assert f'waltz_server_storage_reachable{{storage="{node.address}"}} 1' in text
+    assert 'waltz_server_cache_budget_bytes{cache="data"} 134217728' in text
+    assert 'waltz_server_cache_bytes{cache="data"}' in text
     status, body = await asyncio.to_thread(get, "/ping")
     assert body.strip() == b"pong"
+    # A storage node that stops: the server's view says so, for all its partitions at once.
+    await cluster.stop_storage(2)
+    gone = f'waltz_server_storage_reachable{{storage="{cluster.spec.storages[2].address}"}} 0'.encode()
+
+    async def marked_down() -> bool:
+        return gone in (await asyncio.to_thread(get, "/metrics"))[1]
+
+    await eventually(marked_down, 20, "the stopped storage node is shown unreachable")
 
 
 async def test_cluster_verify_check_connectivity_and_preferred_partitions(cluster: InProcessCluster) -> None:

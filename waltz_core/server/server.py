@@ -282,6 +282,10 @@ class WaltzServer:
                           {"cache": name}).set(budget.used)
             reg.gauge("cache_bytes", "Bytes held in this cache, all partitions together", {"cache": "replication"}).set(
                 sum(p.store.buffered_bytes for p in self.partitions.values()))
+            for endpoint, (reachable, _down_for, _error) in self.connector.health().items():
+                reg.gauge("storage_reachable", "1 while this server reaches the storage node, 0 while it is "
+                          "marked unreachable (all partitions go on without it)", {"storage": endpoint}).set(
+                    1 if reachable else 0)
             for pid, p in list(self.partitions.items()):
                 labels = {"partition": str(pid)}
                 reg.gauge("high_water_mark", "Committed high-water mark", labels).set(p.high_water_mark)
