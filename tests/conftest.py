@@ -9,3 +9,22 @@ from hypothesis import settings
 # property tests check results, not speed (speed is measured by the benchmarks).
 settings.register_profile("waltz", deadline=None)
 settings.load_profile("waltz")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    """Print the figures tests recorded with ``record_property("figures", text)``, passed or not
+    (they come back from xdist workers with the test reports; print() would be lost there)."""
+    sections = []
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name == "figures":
+                    sections.append((report.nodeid, str(value)))
+    if sections:
+        terminalreporter.section("figures measured by tests")
+        for nodeid, text in sections:
+            terminalreporter.write_line(nodeid)
+            for line in text.splitlines():
+                terminalreporter.write_line(f"  {line}")

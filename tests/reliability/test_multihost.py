@@ -49,7 +49,7 @@ LATE = 5.0
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("coordination", ["zookeeper", "etcd"])
 async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path, coordination: str,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                            record_property: Any) -> None:
     require(netns_available(), "root and iproute2 (network namespaces for the emulated hosts)")
     if coordination == "zookeeper":
         require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
@@ -87,9 +87,8 @@ async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path, coor
                       if values else f"{stall.kind}: no partition committed again")
         report.append("  by partition: " + " ".join(f"{p}:{v:.1f}" if v is not None else f"{p}:-"
                                                     for p, v in sorted(stall.per_partition.items())))
-    with capsys.disabled():  # the figures belong in the test run's output, passed or not
-        print(f"\n[multi-host fail-over, {coordination}]\n" + "\n".join(
-            line for line in report if "by partition" not in line))
+    # The figures belong in the test run's output, passed or not (tests/conftest.py prints them).
+    record_property("figures", "\n".join(line for line in report if "by partition" not in line))
     assert result.verdict.ok, "\n".join(report)
     assert [s.kind for s in result.stalls] == ["storage-isolate", "server-isolate", "coordination-isolate"]
 
@@ -144,7 +143,7 @@ class _Applied(WaltzClientCallbacks):
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 async def test_the_client_library_follows_its_partitions_off_a_vanished_server(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, record_property: Any) -> None:
     """The application's client (AsyncWaltzClient), not a test harness: when the host of the
     server owning its partitions vanishes, it moves them to the new owner and commits again."""
     require(netns_available(), "root and iproute2 (network namespaces for the emulated hosts)")
@@ -197,10 +196,9 @@ async def test_the_client_library_follows_its_partitions_off_a_vanished_server(
             for p in moved:
                 points = [start, *(t for t in commits[p] if start < t <= end)]
                 stalls[p] = max(b - a for a, b in itertools.pairwise(points)) if len(points) > 1 else None
-            with capsys.disabled():
-                print(f"\n[multi-host fail-over] client library, {victim} vanished for {HOLD:.0f} s: partitions "
-                      f"{moved} moved; per-partition stall "
-                      + " ".join(f"{p}:{v:.2f}s" if v is not None else f"{p}:-" for p, v in stalls.items()))
+            record_property("figures", f"client library, {victim} vanished for {HOLD:.0f} s: partitions {moved} "
+                            "moved; per-partition stall "
+                            + " ".join(f"{p}:{v:.2f}s" if v is not None else f"{p}:-" for p, v in stalls.items()))
             late = [p for p in moved if not any(end - LATE <= t <= end for t in commits[p])]
             assert not late, f"partitions {late} did not commit in the last {LATE:.0f} s: stalls {stalls}"
         finally:
