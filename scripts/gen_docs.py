@@ -22,7 +22,15 @@ def configuration() -> str:
             "Generated from the code by `scripts/gen_docs.py` (`waltz config schema --markdown` prints the same).\n"
             "Every process reads one TOML file (`--config`); `WALTZ_<SECTION>_<KEY>` environment variables override it,\n"
             "for example `WALTZ_SERVER_PORT=55180`. Backend options live in `[transport.<name>]` and\n"
-            "`[coordination.<name>]` tables.\n\n")
+            "`[coordination.<name>]` tables; `WALTZ_<SECTION>_<BACKEND>__<KEY>` overrides one of them, for example\n"
+            "`WALTZ_COORDINATION_ZOOKEEPER__AUTH_SCHEME=digest`. Command-line flags (`--port`) override both.\n\n"
+            "`waltz config check FILE` loads a file as its process would (keys, values, backend names, option tables,\n"
+            "the environment) and says `FILE: a valid server configuration` or names the first problem; `waltz config\n"
+            "show -c FILE` prints every effective value and where it came from (the file, a variable, a default).\n"
+            "A bad value is one line naming where it came from and the key, for example\n"
+            "`environment variable WALTZ_SERVER_PORT: server.port: must be a port number from 0 to 65535 (0: any free\n"
+            "port), got 70000`; an option table that names no registered backend (`[coordination.zookeepr]`) is refused\n"
+            "with a suggestion, never ignored.\n\n")
     return head + render_schema(list(PROCESS_CONFIGS), markdown=True).rstrip() + "\n"
 
 

@@ -125,20 +125,21 @@ def test_unknown_key_lists_the_known_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load(ServerProcessConfig, path, environ=NO_ENV)
     msg = str(info.value)
-    assert msg.startswith(f"{path}: server.prot: unknown key (known keys of [server]: ")
+    assert msg.startswith(f"{path}: server.prot: unknown key; did you mean 'port'? (known keys of [server]: ")
     for f in attrs.fields(ServerConfig):
         assert f.name in msg
 
 
 def test_unknown_section_lists_the_sections(tmp_path: Path) -> None:
     path = write(tmp_path, "[sever]\nport = 1\n")
-    with pytest.raises(ConfigError, match=r"sever: unknown key \(known keys: coordination, http, server, transport\)"):
+    with pytest.raises(ConfigError, match=r"sever: unknown key; did you mean 'server'\? "
+                                          r"\(known keys: coordination, http, server, transport\)"):
         load(ServerProcessConfig, path, environ=NO_ENV)
 
 
 def test_unknown_env_key_of_a_known_section_is_an_error() -> None:
-    with pytest.raises(ConfigError, match=r"environment variable WALTZ_SERVER_PROT: unknown key server\.prot "
-                                          r"\(known: WALTZ_SERVER_HOST, WALTZ_SERVER_PORT, "):
+    with pytest.raises(ConfigError, match=r"environment variable WALTZ_SERVER_PROT: unknown key server\.prot; did "
+                                          r"you mean 'port'\? \(known: WALTZ_SERVER_HOST, WALTZ_SERVER_PORT, "):
         load(ServerProcessConfig, environ={"WALTZ_SERVER_PROT": "1"})
 
 
@@ -164,7 +165,8 @@ def test_backend_options_table_is_validated_by_the_backends_options_class(tmp_pa
 
 @pytest.mark.parametrize(("table", "message"), [
     ({"queue_frames": "many"}, r"transport\.memory\.queue_frames: expected an integer, got 'many'"),
-    ({"queue_size": 8}, r"transport\.memory\.queue_size: unknown key \(known keys of \[transport\.memory\]: queue_frames\)"),
+    ({"queue_size": 8}, r"transport\.memory\.queue_size: unknown key; did you mean 'queue_frames'\? "
+                        r"\(known keys of \[transport\.memory\]: queue_frames\)"),
 ])
 def test_bad_backend_options(table: dict[str, Any], message: str) -> None:
     cfg = build(TransportConfig, {"name": "memory", "memory": table})

@@ -118,6 +118,17 @@ def test_up_with_zookeeper_and_validate(tmp_path: Path, zookeeper_server: ZooKee
                       "--interval", "1")
         assert check.returncode == 0, check.stdout + check.stderr
         assert check.stdout.strip().splitlines()[-1] == "PASS"
+        check = waltz("client", "validate", "--data-dir", str(data), "--clients", "2", "--txn-per-client", "5",
+                      "--json")
+        report = json.loads(check.stdout)
+        assert check.returncode == 0 and report["passed"] is True and report["committed"] == report["expected"] == 10
+        marks = waltz("client", "high-water-mark", "--data-dir", str(data), "-p", "0", "--json")
+        assert marks.returncode == 0, marks.stderr
+        assert json.loads(marks.stdout)["high_water_marks"]["0"] == 129  # 4 x 30 + 2 x 5 transactions, from 0
+        marks = waltz("client", "high-water-mark", "--data-dir", str(data))
+        assert "partition 0: high-water mark 129" in marks.stdout
+        one = waltz("client", "high-water-mark", "--data-dir", str(data), "-p", "99")
+        assert one.returncode == 1 and "the cluster has partitions 0-3, not [99]" in one.stderr
     finally:
         stop = waltz("up", "--stop", "--data-dir", str(data))
     assert "stopped 4 processes" in stop.stdout

@@ -52,7 +52,7 @@ def test_create_list_and_show_key(coord: list[str]) -> None:
 
 
 def test_storage_node_edits(coord: list[str]) -> None:
-    assert run("cluster", "create", *coord, "-n", "demo", "-p", "10").exit_code == 0
+    assert run("cluster", "create", *coord, "-n", "demo", "--partitions", "10").exit_code == 0
     for port in (7000, 7100):
         result = run("cluster", "add-storage-node", *coord, "-s", f"127.0.0.1:{port}", "-a", str(port + 1), "-g", "0")
         assert result.exit_code == 0, result.output
@@ -75,7 +75,7 @@ def test_storage_node_edits(coord: list[str]) -> None:
 
 
 def test_delete_needs_the_name(coord: list[str]) -> None:
-    assert run("cluster", "create", *coord, "-n", "demo", "-p", "2").exit_code == 0
+    assert run("cluster", "create", *coord, "-n", "demo", "--partitions", "2").exit_code == 0
     code, _, err = run_main("cluster", "delete", *coord, "-n", "other")
     assert code == 1 and "named 'demo', not 'other'" in err
     assert run("cluster", "delete", *coord, "-n", "demo").exit_code == 0
@@ -86,7 +86,7 @@ def test_delete_needs_the_name(coord: list[str]) -> None:
 def test_config_file_and_overrides(tmp_path: Path) -> None:
     config = tmp_path / "cli.toml"
     config.write_text(f'[coordination]\nname = "local"\nconnect = "{tmp_path / "coord"}"\nroot = "/from-file"\n')
-    assert run("cluster", "create", "--config", str(config), "-n", "f", "-p", "1").exit_code == 0
+    assert run("cluster", "create", "--config", str(config), "-n", "f", "--partitions", "1").exit_code == 0
     listed = json.loads(run("cluster", "list", "--config", str(config), "--json").output)
     assert listed["root"] == "/from-file"
     code, _, err = run_main("cluster", "list", "--config", str(config), "--root", "/elsewhere")
@@ -94,7 +94,7 @@ def test_config_file_and_overrides(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--coordination", "nosuch"], "error: coordination 'nosuch' not found; installed:"),
+    (["--coordination", "nosuch"], "error: --coordination: coordination.name: no coordination backend named 'nosuch' (registered:"),
     (["--root", "relative"], "error: coordination.root must be an absolute path"),
 ])
 def test_bad_backend_and_root_are_one_line(coord: list[str], args: list[str], message: str) -> None:
@@ -112,8 +112,8 @@ def test_unreachable_store_is_one_line(tmp_path: Path) -> None:
 
 
 def test_existing_cluster_and_bad_ranges(coord: list[str]) -> None:
-    assert run("cluster", "create", *coord, "-n", "demo", "-p", "3").exit_code == 0
-    code, _, err = run_main("cluster", "create", *coord, "-n", "demo", "-p", "3")
+    assert run("cluster", "create", *coord, "-n", "demo", "--partitions", "3").exit_code == 0
+    code, _, err = run_main("cluster", "create", *coord, "-n", "demo", "--partitions", "3")
     assert code == 1 and "/waltz already exists" in err and err.count("\n") == 1
     assert run("cluster", "add-storage-node", *coord, "-s", "h:1", "-a", "2", "-g", "0").exit_code == 0
     code, _, err = run_main("cluster", "assign-partition", *coord, "-p", "2-1", "-s", "h:1")

@@ -107,6 +107,10 @@ async def test_second_server_takes_over_without_loss_or_duplicates(coordination:
     try:
         async with PartitionProbe(spec.transport_config, spec.coordination, 0) as probe:
             committed = await probe.write(payloads("x", 200))
+            # Each server printed its ready line (stdout goes to its log), as the storage nodes do.
+            for i, node in enumerate(spec.servers):
+                log_text = (cluster.log_dir / f"server-{i}.log").read_text()
+                assert f"waltz server ready address={node.address} id=" in log_text, log_text[-2000:]
             owner, _ = await probe._owner() or ("", 0)
             victim = next(i for i, node in enumerate(spec.servers) if node.address == owner)
             cluster.kill_server(victim)

@@ -253,9 +253,20 @@ async def test_cluster_verify_check_connectivity_and_preferred_partitions(cluste
     result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "check-connectivity", *args])
     assert result.exit_code == 0, result.output
     assert result.output.count(": ok") == 3
+    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "verify", *args, "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 0 and report["passed"] == 14 and report["failed"] == 0
+    assert {c["check"] for c in report["checks"]} >= {"assignment", "quorum", "recovery", "health"}
+    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "check-connectivity", *args, "--json"])
+    statuses = json.loads(result.output)["servers"]
+    assert list(statuses.values()) == [{node.address: True for node in spec.storages}]
+    result = await asyncio.to_thread(runner.invoke, cli, ["server", "partitions", "-s", cluster.servers[0].address,
+                                                          "--json"])
+    assert json.loads(result.output)["partitions"] == [{"partition": 0, "healthy": True},
+                                                       {"partition": 1, "healthy": True}]
     # One storage down: verify names the partition replicas it lost and exits non-zero.
     await cluster.stop_storage(2)
-    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "verify", *args, "-t", "3"])
+    result = await asyncio.to_thread(runner.invoke, cli, ["cluster", "verify", *args, "--timeout", "3"])
     assert result.exit_code == 1
     assert "FAILED" in result.output and spec.storages[2].address in result.output
     # Preferred partitions through the admin RPC: ids out of range are refused.

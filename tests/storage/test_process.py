@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -64,7 +65,7 @@ class StorageProcess:
         self.data, self.admin, self.http = m.groups()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*WALTZ, "storage", *args, "-s", self.admin, "--cluster-key", str(self.key),
+        return subprocess.run([*WALTZ, "storage", *args, "-a", self.admin, "--cluster-key", str(self.key),
                                "--num-partitions", "2"], capture_output=True, text=True, timeout=60)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
@@ -112,6 +113,10 @@ async def test_real_process_admin_data_http_and_kill(storage_process: StoragePro
     listing = await asyncio.to_thread(sp.cli, "list")
     assert listing.returncode == 0, listing.stderr
     assert "119" in listing.stdout
+    listing = await asyncio.to_thread(sp.cli, "list", "--json")
+    rows = {row["partition"]: row for row in json.loads(listing.stdout)["partitions"]}
+    assert rows[0] == {"partition": 0, "session_id": 1, "low_water_mark": 119, "local_low_water_mark": 119,
+                       "assigned": True, "available": True}
     metrics = urllib.request.urlopen(f"http://{sp.http}/metrics", timeout=10).read().decode()
     assert 'waltz_storage_appended_records_total{partition="0"} 120' in metrics
     assert urllib.request.urlopen(f"http://{sp.http}/ping", timeout=10).read() == b"pong\n"

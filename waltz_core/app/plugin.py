@@ -11,9 +11,11 @@ from typing import Any
 
 import click
 
+from ..cli.output import echo_json, json_option
+from ..cli.params import partition_ids_callback
 from ..hookspecs import hookimpl
 
-_config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+_config_option = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, exists=True),
                               help="client.toml of the cluster (default: <data-dir>/client.toml of `waltz up`).")
 _data_dir_option = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
                                 default=Path("waltz-data"), show_default=True, help="Directory of a `waltz up` cluster.")
@@ -117,8 +119,7 @@ def demo_group() -> None:
 def bank_command(config_path: str | None, data_dir: Path, db_path: Path | None, operations: int | None, clients: int,
                  accounts: int, seed: int | None, replay: bool) -> None:
     """The original's demo bank: balances in SQLite, applied exactly once; interactive or --auto N."""
-    from rich.console import Console
-
+    from ..cli.output import console as make_console
     from . import bank
     from .quickstart import render_balances
 
@@ -131,7 +132,7 @@ def bank_command(config_path: str | None, data_dir: Path, db_path: Path | None, 
         bank.interactive(config, db_path, sys.stdin, click.echo,
                          prompt=(lambda: click.echo("bank> ", nl=False)) if interactive else (lambda: None))
         return
-    console = Console()
+    console = make_console()
     result = bank.run_auto(config, db_path, operations, clients=clients, accounts=accounts, seed=seed)
     replayed = bank.replay_balances(config) if replay else None
     render_balances(console, result, replayed)
@@ -174,19 +175,60 @@ def quickstart_command(data_dir: Path | None, clients: int, operations: int, acc
               help="Mean milliseconds between a client's transactions (exponential inter-arrival).")
 @click.option("--active-partitions", "-ap", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--seed", type=int)
+@json_option
 def validate_command(config_path: str | None, data_dir: Path, clients: int, txn_per_client: int, interval: float,
-                     active_partitions: int, seed: int | None) -> None:
+                     active_partitions: int, seed: int | None, as_json: bool) -> None:
     """Optimistic-locking validation: every transaction's data must equal its id; ids gap-free."""
+    import attrs
+
     from .validate import validate
 
     config = _client_config(config_path, data_dir)
     _quiet_dev_mode_warning()
     result = asyncio.run(validate(config, clients=clients, txn_per_client=txn_per_client, interval_ms=interval,
                                   active_partitions=active_partitions, seed=seed))
-    for line in result.report():
-        click.echo(line)
+    if as_json:
+        echo_json({**attrs.asdict(result), "expected": result.expected, "retries": result.retries,
+                   "passed": result.passed})
+    else:
+        for line in result.report():
+            click.echo(line)
     if not result.passed:
         raise click.exceptions.Exit(1)
+
+
+@click.command("high-water-mark")
+@_config_option
+@_data_dir_option
+@click.option("-p", "--partition", "partitions", metavar="IDS", callback=partition_ids_callback,
+              help="Partition ids or ranges (default: all).")
+@json_option
+def high_water_mark_command(config_path: str | None, data_dir: Path, partitions: list[int] | None,
+                            as_json: bool) -> None:
+    """Print partitions' high-water marks, as their owning servers answer (the original ClientCli view)."""
+    from ..client import AsyncWaltzClient, WaltzClientCallbacks
+    from ..errors import ConfigError
+
+    config = _client_config(config_path, data_dir)
+    _quiet_dev_mode_warning()
+
+    async def main() -> dict[int, int]:
+        import attrs
+
+        cfg = attrs.evolve(config, client=attrs.evolve(config.client, auto_mount=False))
+        async with AsyncWaltzClient(WaltzClientCallbacks(), cfg) as client:
+            ids = partitions if partitions is not None else list(range(client.num_partitions))
+            bad = [p for p in ids if p >= client.num_partitions]
+            if bad:
+                raise ConfigError(f"-p/--partition: the cluster has partitions 0-{client.num_partitions - 1}, not {bad}")
+            return {pid: await client.high_water_mark(pid) for pid in ids}
+
+    marks = asyncio.run(main())
+    if as_json:
+        echo_json({"high_water_marks": {str(pid): hwm for pid, hwm in marks.items()}})
+        return
+    for pid, hwm in marks.items():
+        click.echo(f"partition {pid}: high-water mark {hwm}")
 
 
 @hookimpl
@@ -202,3 +244,4 @@ def waltz_add_commands(cli: click.Group) -> None:
         cli.add_command(client_group)
         client = client_group
     client.add_command(validate_command)
+    client.add_command(high_water_mark_command)

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ..cli.output import console as make_console
 from . import bank
 from .up import LocalCluster, UpOptions
 
@@ -46,7 +47,7 @@ def quickstart(data_dir: Path | None = None, *, clients: int = 3, operations: in
                partitions: int = 4, seed: int | None = None, keep: bool = False,
                console: Console | None = None) -> bool:
     """Run the whole demo; True if every check passed. Stops the cluster in every case."""
-    console = console or Console()
+    console = console or make_console()
     t0 = time.monotonic()
     temporary = data_dir is None
     directory = Path(tempfile.mkdtemp(prefix="waltz-quickstart-")) if data_dir is None else data_dir

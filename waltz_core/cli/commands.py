@@ -1,63 +1,133 @@
-"""Built-in plugin: the core commands ``waltz plugins`` and ``waltz config schema``."""
+"""Built-in plugin: the core commands ``waltz plugins`` and ``waltz config schema|check|show``."""
 
 from __future__ import annotations
 
 import click
 
 from ..hookspecs import hookimpl
+from .output import console, echo_json, json_option
 
 
 @click.command("plugins")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def plugins_command(as_json: bool) -> None:
     """List every plugin and every backend it registered, with distribution and version."""
-    import json
-
-    from rich.console import Console
     from rich.table import Table
 
-    from ..plugins import load_registries, plugin_distribution
-    from ..plugins import get_plugin_manager
+    from ..plugins import get_plugin_manager, load_registries, plugin_distribution
 
     pm = get_plugin_manager()
     regs = load_registries(pm)
     plugins = sorted(((name, plugin_distribution(pm, plug)) for name, plug in pm.list_name_plugin() if plug is not None))
     if as_json:
-        click.echo(json.dumps({
+        echo_json({
             "plugins": [{"name": n, "distribution": d} for n, d in plugins],
             "backends": [{"kind": b.kind, "name": b.name, "plugin": b.plugin, "distribution": b.distribution,
                           "description": b.description} for b in regs.all()],
-        }, indent=2))
+        })
         return
-    console = Console()
+    out = console()
     table = Table(title="Backends", title_justify="left")
     for col in ("kind", "name", "distribution", "plugin", "description"):
         table.add_column(col)
     for b in regs.all():
         table.add_row(b.kind, b.name, b.distribution, b.plugin, b.description)
-    console.print(table)
+    out.print(table)
     ptable = Table(title="Plugins", title_justify="left")
     ptable.add_column("plugin")
     ptable.add_column("distribution")
     for name, dist in plugins:
         ptable.add_row(name, dist)
-    console.print(ptable)
+    out.print(ptable)
 
 
 @click.group("config")
 def config_group() -> None:
-    """Configuration tools."""
+    """Configuration tools: the schema, check a file, show the effective configuration."""
+
+
+_PROCESSES = click.Choice(["server", "storage", "client", "cli"])
 
 
 @config_group.command("schema")
-@click.argument("process", required=False, type=click.Choice(["server", "storage", "client", "cli"]))
+@click.argument("process", required=False, type=_PROCESSES)
 @click.option("--markdown", is_flag=True, help="Print a Markdown reference (docs/configuration.md is generated with it).")
-def config_schema(process: str | None, markdown: bool) -> None:
+@json_option
+def config_schema(process: str | None, markdown: bool, as_json: bool) -> None:
     """Print every configuration key with its type, default and documentation."""
-    from ..config import PROCESS_CONFIGS
+    from ..config import PROCESS_CONFIGS, schema
 
     names = [process] if process else list(PROCESS_CONFIGS)
+    if as_json:
+        echo_json({name: [{"key": e.key, "type": e.type, "default": e.default, "doc": e.doc}
+                          for e in schema(PROCESS_CONFIGS[name])] for name in names})
+        return
     click.echo(render_schema(names, markdown))
+
+
+def _process_of(path: str | None, process: str | None) -> str:
+    """The process a config file is for: given, or told by its sections."""
+    import tomllib
+
+    from ..errors import ConfigError
+
+    if process is not None or path is None:
+        return process or "cli"
+    try:
+        with open(path, "rb") as fh:
+            sections = set(tomllib.load(fh))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text") from None
+    kinds = sorted(sections & {"server", "storage", "client"})
+    if len(kinds) > 1:
+        raise ConfigError(f"{path}: has sections of several processes ({', '.join('[' + k + ']' for k in kinds)}); "
+                          "say which with --process")
+    return kinds[0] if kinds else "cli"
+
+
+@config_group.command("check")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--process", type=_PROCESSES, help="The process the file is for (default: told by its sections).")
+def config_check(path: str, process: str | None) -> None:
+    """Check a configuration file as the process would load it (keys, values, backend names and
+    option tables, and the WALTZ_* environment); exit status 1 with one line on the first problem."""
+    from ..config import PROCESS_CONFIGS, load
+
+    kind = _process_of(path, process)
+    load(PROCESS_CONFIGS[kind], path)
+    click.echo(f"{path}: a valid {kind} configuration")
+
+
+@config_group.command("show")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="The configuration file.")
+@click.option("--process", type=_PROCESSES, help="The process (default: told by the file's sections, else cli).")
+@json_option
+def config_show(config_path: str | None, process: str | None, as_json: bool) -> None:
+    """Print the effective configuration - defaults, the file, WALTZ_* variables - and where each
+    value came from."""
+    from rich.table import Table
+
+    from ..config import PROCESS_CONFIGS, effective_values, load_with_sources
+
+    kind = _process_of(config_path, process)
+    loaded = load_with_sources(PROCESS_CONFIGS[kind], config_path)
+    rows = effective_values(loaded)
+    if as_json:
+        echo_json({"process": kind, "file": config_path,
+                   "keys": [{"key": k, "value": v, "source": src} for k, v, src in rows]})
+        return
+    table = Table(title=f"{kind} configuration" + (f" ({config_path})" if config_path else ""), title_justify="left")
+    for col in ("key", "value", "source"):
+        table.add_column(col)
+    for k, v, src in rows:
+        table.add_row(k, repr(v), src)
+    console().print(table)
 
 
 def render_schema(names: list[str], markdown: bool) -> str:

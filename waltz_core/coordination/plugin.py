@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..config import CoordinationConfig
+from ..cli.output import json_option, refused_flag
 from ..cli.params import partition_ids_callback
+from ..config import CoordinationConfig
 from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def waltz_register_coordination_backends(registry: Any) -> None:
 
 def _coordination_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--config", "config_path", type=click.Path(dir_okay=False),
+        click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
                      help="A CLI config file (TOML, [coordination] table); options below override it."),
         click.option("--coordination", "backend_name", metavar="NAME",
                      help="Coordination backend: local, zookeeper, etcd or a plugin's (default: local)."),
@@ -66,7 +67,9 @@ def _load_config(config_path: str | None, backend_name: str | None, connect: str
 
     overrides = {k: v for k, v in (("name", backend_name), ("connect", connect), ("root", root),
                                    ("session_timeout", session_timeout)) if v is not None}
-    return load(CliConfig, config_path, overrides={"coordination": overrides} if overrides else None)
+    return load(CliConfig, config_path, overrides={"coordination": overrides} if overrides else None,
+                override_sources={"coordination.name": "--coordination", "coordination.connect": "--connect",
+                                  "coordination.root": "--root", "coordination.session_timeout": "--session-timeout"})
 
 
 def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
@@ -97,9 +100,9 @@ def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
 
 
 def _console() -> Any:
-    from rich.console import Console
+    from ..cli.output import console
 
-    return Console(soft_wrap=True)  # messages with keys and paths stay on one line
+    return console()
 
 
 @click.group("cluster")
@@ -109,8 +112,9 @@ def cluster_group() -> None:
 
 @cluster_group.command("create")
 @click.option("-n", "--name", required=True, help="Cluster name.")
-@click.option("-p", "--partitions", "num_partitions", type=click.IntRange(min=1), required=True,
+@click.option("--partitions", "num_partitions", type=click.IntRange(min=1), required=True, metavar="N",
               help="Number of partitions.")
+@refused_flag("-p", instead="in every command -p/--partition is partition ids; give the count with --partitions N")
 @_with_backend
 async def create_command(backend: CoordinationBackend, root: str, name: str, num_partitions: int) -> None:
     """Create a cluster under the root with a fresh cluster key (fails if the root exists)."""
@@ -145,7 +149,7 @@ async def show_key_command(backend: CoordinationBackend, root: str) -> None:
 
 
 @cluster_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @_with_backend
 async def list_command(backend: CoordinationBackend, root: str, as_json: bool) -> None:
     """Show the cluster: params, servers and partition assignment, storage nodes, partition metadata."""
@@ -153,9 +157,9 @@ async def list_command(backend: CoordinationBackend, root: str, as_json: bool) -
 
     listing = await list_cluster(backend, root)
     if as_json:
-        import json
+        from ..cli.output import echo_json
 
-        click.echo(json.dumps(_listing_json(listing), indent=2, sort_keys=True))
+        echo_json(_listing_json(listing))
         return
     _print_listing(listing, backend.name)
 
@@ -221,10 +225,29 @@ def _print_listing(listing: Any, backend_name: str) -> None:
     console.print(partitions)
 
 
+def _admin_port(ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """``-a/--admin``: the admin port, or ``HOST:ADMIN_PORT`` on the storage node's own host."""
+    if value is None:
+        return None
+    host, sep, port_text = value.rpartition(":")
+    storage = ctx.params.get("storage") or ""
+    if sep and host and storage and host != storage.rpartition(":")[0]:
+        raise click.BadParameter(f"{value!r} is on host {host!r}, the storage node on {storage.rpartition(':')[0]!r}; "
+                                 "the admin port is on the node's own host")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a port number or HOST:PORT") from None
+    if not 1 <= port <= 65535:
+        raise click.BadParameter(f"{port} is not a port number from 1 to 65535")
+    return port
+
+
 @cluster_group.command("add-storage-node")
-@click.option("-s", "--storage", required=True, metavar="HOST:PORT", help="The storage node's data endpoint.")
-@click.option("-a", "--storage-admin-port", "admin_port", type=click.IntRange(1, 65535), required=True,
-              help="The storage node's admin port.")
+@click.option("-s", "--storage", required=True, metavar="HOST:PORT", is_eager=True,
+              help="The storage node's data endpoint.")
+@click.option("-a", "--admin", "--storage-admin-port", "admin_port", required=True, metavar="[HOST:]ADMIN_PORT",
+              callback=_admin_port, help="The storage node's admin port (or admin endpoint on its host).")
 @click.option("-g", "--group", type=click.IntRange(min=0), required=True, help="Storage group id.")
 @_with_backend
 async def add_storage_node_command(backend: CoordinationBackend, root: str, storage: str, admin_port: int,

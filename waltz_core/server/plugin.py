@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..cli.output import console, echo_json, json_option, refused_flag
 from ..hookspecs import hookimpl
 
 
@@ -13,7 +14,8 @@ def server_group() -> None:
 
 
 @server_group.command("start")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="server.toml (see `waltz config schema server`).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+              help="server.toml (see `waltz config schema server`).")
 @click.option("--port", type=int, help="Override server.port.")
 @click.option("--http-port", type=int, help="Override http.port (0 disables HTTP).")
 def start(config_path: str | None, port: int | None, http_port: int | None) -> None:
@@ -29,7 +31,8 @@ def start(config_path: str | None, port: int | None, http_port: int | None) -> N
         overrides.setdefault("server", {})["port"] = port
     if http_port is not None:
         overrides.setdefault("http", {})["port"] = http_port
-    config = load(ServerProcessConfig, config_path, overrides=overrides)
+    config = load(ServerProcessConfig, config_path, overrides=overrides,
+                  override_sources={"server.port": "--port", "http.port": "--http-port"})
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -65,7 +68,7 @@ def _admin_call(server: str, config_path: str | None, call: str, *args: object) 
 @server_group.command("add-preferred-partition")
 @click.option("-s", "--server", required=True, help="Server address host:port.")
 @click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
 def add_preferred(server: str, partitions: str, config_path: str | None) -> None:
     """Ask a server to prefer partitions (the cluster manager assigns them to it first)."""
     from ..cli.params import partition_ids
@@ -79,7 +82,7 @@ def add_preferred(server: str, partitions: str, config_path: str | None) -> None
 @server_group.command("remove-preferred-partition")
 @click.option("-s", "--server", required=True, help="Server address host:port.")
 @click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
 def remove_preferred(server: str, partitions: str, config_path: str | None) -> None:
     """Remove partitions from a server's preferred list."""
     from ..cli.params import partition_ids
@@ -92,19 +95,23 @@ def remove_preferred(server: str, partitions: str, config_path: str | None) -> N
 
 @server_group.command("partitions")
 @click.option("-s", "--server", required=True, help="Server address host:port.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
-def partitions(server: str, config_path: str | None) -> None:
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="cli.toml (transport settings).")
+@json_option
+def partitions(server: str, config_path: str | None, as_json: bool) -> None:
     """Show the partitions a server owns and whether each is healthy."""
-    from rich.console import Console
     from rich.table import Table
 
     health = _admin_call(server, config_path, "partition_health")
+    if as_json:
+        echo_json({"server": server, "partitions": [{"partition": pid, "healthy": ok}
+                                                    for pid, ok in sorted(health.items())]})  # type: ignore[attr-defined]
+        return
     table = Table(title=f"partitions of {server}", title_justify="left")
     table.add_column("partition", justify="right")
     table.add_column("healthy")
     for pid, ok in sorted(health.items()):  # type: ignore[attr-defined]
         table.add_row(str(pid), "yes" if ok else "NO")
-    Console().print(table)
+    console().print(table)
 
 
 def _cluster_call(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
@@ -136,13 +143,19 @@ def _cluster_commands() -> list[click.Command]:
 
     @click.command("check-connectivity")
     @_coordination_options
+    @json_option
     def check_connectivity(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
-                           session_timeout: float | None) -> None:
-        """Ask every live server whether it reaches every storage node."""
+                           session_timeout: float | None, as_json: bool) -> None:
+        """Ask every live server whether it reaches every storage node; exit status 1 if one does not."""
         from .verify import check_connectivity as check
 
         result = _cluster_call(config_path, backend_name, connect, root, session_timeout,
                                lambda b, r, t: check(b, r, t))
+        if as_json:
+            echo_json({"servers": {server: statuses for server, statuses in result.items()}})  # type: ignore[attr-defined]
+            if any(st is None or not all(st.values()) for st in result.values()):  # type: ignore[attr-defined]
+                raise SystemExit(1)
+            return
         bad = False
         for server, statuses in sorted(result.items()):  # type: ignore[attr-defined]
             if statuses is None:
@@ -160,11 +173,13 @@ def _cluster_commands() -> list[click.Command]:
     @click.command("verify")
     @_coordination_options
     @click.option("-p", "--partition", "partitions", help="Partition ids or ranges (default: all).")
-    @click.option("-t", "--timeout", type=float, default=10.0, show_default=True, help="Seconds per RPC.")
+    @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+                  help="Seconds per RPC.")
+    @refused_flag("-t", instead="in every command -t is a transaction id; write --timeout SECONDS")
+    @json_option
     def verify_command(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
-                       session_timeout: float | None, partitions: str | None, timeout: float) -> None:
+                       session_timeout: float | None, partitions: str | None, timeout: float, as_json: bool) -> None:
         """Check assignment, server/storage consistency, quorum, recovery and health of every partition."""
-        from rich.console import Console
         from rich.table import Table
 
         from ..cli.params import partition_ids
@@ -173,6 +188,14 @@ def _cluster_commands() -> list[click.Command]:
         ids = partition_ids(partitions) if partitions else None
         checks = _cluster_call(config_path, backend_name, connect, root, session_timeout,
                                lambda b, r, t: verify(b, r, t, ids, timeout))
+        if as_json:
+            failed = [c for c in checks if not c.ok]  # type: ignore[attr-defined]
+            echo_json({"checks": [{"partition": c.partition, "check": c.name, "ok": c.ok, "detail": c.detail}
+                                  for c in checks],  # type: ignore[attr-defined]
+                       "passed": len(checks) - len(failed), "failed": len(failed)})  # type: ignore[arg-type]
+            if failed:
+                raise SystemExit(1)
+            return
         table = Table(title="cluster verification", title_justify="left")
         for col in ("partition", "check", "result", "detail"):
             table.add_column(col)
@@ -180,7 +203,7 @@ def _cluster_commands() -> list[click.Command]:
         for c in checks:  # type: ignore[attr-defined]
             failed += not c.ok
             table.add_row(str(c.partition), c.name, "ok" if c.ok else "[red]FAILED[/red]", c.detail)
-        Console(soft_wrap=True).print(table)
+        console().print(table)
         click.echo(f"{len(checks) - failed} of {len(checks)} checks passed")  # type: ignore[arg-type]
         if failed:
             raise SystemExit(1)

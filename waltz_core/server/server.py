@@ -302,10 +302,18 @@ class WaltzServer:
             await asyncio.sleep(1.0)
 
 
-async def run_server(config: ServerProcessConfig, stop: asyncio.Event) -> None:
-    """Run a server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM)."""
+async def run_server(config: ServerProcessConfig, stop: asyncio.Event, *, announce: bool = True) -> None:
+    """Run a server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
+
+    With ``announce`` it prints one ready line on stdout once it listens and is a cluster member,
+    as the storage node does: ``waltz server ready address=... id=... http=... partitions=N``
+    (scripts and service managers wait for it).
+    """
     server = WaltzServer(config)
     await server.start()
+    if announce:
+        print(f"waltz server ready address={server.address} id={server.cluster.server_id} http={server.http_address} "
+              f"partitions={server.num_partitions}", flush=True)
     try:
         await stop.wait()
     finally:

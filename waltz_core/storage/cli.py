@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..cli.output import console, echo_json, json_option, refused_flag
 from ..cli.params import partition_ids
 from ..errors import ConfigError
 
@@ -19,7 +20,8 @@ T = TypeVar("T")
 
 
 def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--num-partitions", type=int, help="Partition count (default: read from coordination).")(fn)
+    fn = click.option("--num-partitions", type=click.IntRange(1),
+                      help="Partition count (default: read from coordination).")(fn)
     fn = click.option("--cluster-key", type=click.UUID, help="Cluster key (default: read from coordination).")(fn)
     fn = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
                       help="CLI config (transport, coordination).")(fn)
@@ -64,9 +66,9 @@ def storage_group() -> None:
 
 
 @storage_group.command("start")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="storage.toml")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="storage.toml")
 @click.option("--cluster-key", type=click.UUID, help="Cluster key (default: read from coordination).")
-@click.option("--num-partitions", type=int, help="Partition count (default: read from coordination).")
+@click.option("--num-partitions", type=click.IntRange(1), help="Partition count (default: read from coordination).")
 def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
     """Start a storage node (data port, admin port, optional HTTP) and run until SIGTERM/SIGINT."""
     from ..config import StorageProcessConfig, load
@@ -78,15 +80,21 @@ def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_pa
     _run(run_storage(config, cluster_key=cluster_key, num_partitions=num_partitions))
 
 
-_server_option = click.option("-s", "--storage", "address", required=True, help="host:admin_port of the storage node.")
+def _admin_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``-a/--admin HOST:ADMIN_PORT`` (the node's admin endpoint) and the cluster options."""
+    fn = _cluster_options(fn)
+    fn = refused_flag("-s", "--storage", instead="in every command it is a storage node's data address (HOST:PORT); "
+                                                 "give this node's admin endpoint with -a/--admin HOST:ADMIN_PORT")(fn)
+    return click.option("-a", "--admin", "address", required=True, metavar="HOST:ADMIN_PORT",
+                        help="The storage node's admin endpoint.")(fn)
 
 
 @storage_group.command("list")
-@_server_option
-@_cluster_options
-def list_command(address: str, config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
+@_admin_options
+@json_option
+def list_command(address: str, config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None,
+                 as_json: bool) -> None:
     """Assigned partitions with their session id, low-water marks and availability."""
-    from rich.console import Console
     from rich.table import Table
 
     async def action(admin: Any) -> list[tuple[int, bool, Any]]:
@@ -94,19 +102,24 @@ def list_command(address: str, config_path: str | None, cluster_key: uuid.UUID |
         return [(pid, ok, await admin.last_session_info(pid)) for pid, ok in sorted(status.items())]
 
     rows = _run(_with_admin(config_path, address, cluster_key, num_partitions, action))
+    if as_json:
+        echo_json({"storage_admin": address, "partitions": [
+            {"partition": pid, "session_id": info.session_id, "low_water_mark": info.low_water_mark,
+             "local_low_water_mark": info.local_low_water_mark, "assigned": True, "available": ok}
+            for pid, ok, info in rows]})
+        return
     table = Table(title=f"Partitions on {address}", title_justify="left")
     for col in ("partition", "session id", "low-water mark", "local low-water mark", "assigned", "available"):
         table.add_column(col, justify="right")
     for pid, ok, info in rows:
         table.add_row(str(pid), str(info.session_id), str(info.low_water_mark), str(info.local_low_water_mark),
                       "yes", "yes" if ok else "no")
-    Console().print(table)
+    console().print(table)
 
 
 @storage_group.command("add-partition")
-@_server_option
-@click.option("-p", "--partition", "partitions", required=True, help="Partition ids, e.g. 0-3,7.")
-@_cluster_options
+@_admin_options
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
 def add_partition(address: str, partitions: str, config_path: str | None, cluster_key: uuid.UUID | None,
                   num_partitions: int | None) -> None:
     """Assign partitions to the node (creates their files; they are available at once)."""
@@ -116,10 +129,9 @@ def add_partition(address: str, partitions: str, config_path: str | None, cluste
 
 
 @storage_group.command("remove-partition")
-@_server_option
-@click.option("-p", "--partition", "partitions", required=True, help="Partition ids, e.g. 0-3,7.")
+@_admin_options
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
 @click.option("-d", "--delete-storage-files", is_flag=True, help="Also delete the partitions' segment files.")
-@_cluster_options
 def remove_partition(address: str, partitions: str, delete_storage_files: bool, config_path: str | None,
                      cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
     """Unassign partitions from the node (files kept unless --delete-storage-files)."""
@@ -130,10 +142,9 @@ def remove_partition(address: str, partitions: str, delete_storage_files: bool, 
 
 
 @storage_group.command("availability")
-@_server_option
-@click.option("-p", "--partition", "partitions", required=True, help="Partition ids, e.g. 0-3,7.")
+@_admin_options
+@click.option("-p", "--partition", "partitions", required=True, help="Partition ids or ranges, e.g. 0-3,7.")
 @click.option("--online/--offline", "online", required=True, help="Make the partitions available or not.")
-@_cluster_options
 def availability(address: str, partitions: str, online: bool, config_path: str | None, cluster_key: uuid.UUID | None,
                  num_partitions: int | None) -> None:
     """Toggle read/write availability (offline recovery needs a partition offline)."""
@@ -143,13 +154,16 @@ def availability(address: str, partitions: str, online: bool, config_path: str |
 
 
 @storage_group.command("max-transaction-id")
-@click.option("-s", "--storage", "admin_address", required=True, help="host:admin_port (for the session id).")
-@click.option("--storage-port", "data_address", required=True, help="host:data_port of the same node.")
-@click.option("-p", "--partition", type=int, required=True)
+@click.option("-a", "--admin", "admin_address", required=True, metavar="HOST:ADMIN_PORT",
+              help="The node's admin endpoint (for the session id).")
+@click.option("-s", "--storage", "data_address", required=True, metavar="HOST:PORT", help="The node's data address.")
+@refused_flag("--storage-port", instead="give the node's data address with -s/--storage HOST:PORT")
+@click.option("-p", "--partition", type=click.IntRange(0), required=True, help="One partition id.")
 @click.option("-o", "--offline", is_flag=True, help="Use the offline-recovery flag (partition must be offline).")
 @_cluster_options
+@json_option
 def max_transaction_id(admin_address: str, data_address: str, partition: int, offline: bool, config_path: str | None,
-                       cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
+                       cluster_key: uuid.UUID | None, num_partitions: int | None, as_json: bool) -> None:
     """Print the partition's max transaction id."""
 
     async def main() -> int:
@@ -172,7 +186,11 @@ def max_transaction_id(admin_address: str, data_address: str, partition: int, of
             await admin.close()
             await transport.aclose()
 
-    click.echo(f"Max Transaction ID: {_run(main())}")
+    value = _run(main())
+    if as_json:
+        echo_json({"partition": partition, "max_transaction_id": value})
+    else:
+        click.echo(f"Max Transaction ID: {value}")
 
 
 # --------------------------------------------------------------------------------------- disk
@@ -183,19 +201,36 @@ def disk_group() -> None:
     """Offline tools that read storage files directly (run them on a stopped node or a copy)."""
 
 
+def _segment_report(segment: str) -> Any:
+    """The segment's report; a file that is not a segment at all is one line and exit status 1."""
+    from .disktools import read_segment
+
+    report = read_segment(segment)
+    if report.header is None:
+        raise click.ClickException(f"{report.path}: not a Waltz segment: its header fails its checksum or is short "
+                                   "(`waltz disk verify-segment` lists every problem)")
+    return report
+
+
 @disk_group.command("verify-segment")
 @click.argument("segment", type=click.Path(exists=True, dir_okay=False))
 @click.option("-t", "--transaction", type=int, help="Verify only this transaction.")
-def verify_segment(segment: str, transaction: int | None) -> None:
+@json_option
+def verify_segment(segment: str, transaction: int | None, as_json: bool) -> None:
     """Check every record checksum and index entry of a segment; exit status 1 on failures."""
-    from rich.console import Console
     from rich.table import Table
 
     from .disktools import read_segment
 
     report = read_segment(segment)
     records = [r for r in report.records if transaction is None or r.transaction_id == transaction]
-    console = Console()
+    if as_json:
+        echo_json({"path": report.path, "records": len(records), "failures": report.failures,
+                   "index_entries": report.index_entries, "index_checkpoint": report.index_checkpoint})
+        if report.failures:
+            raise SystemExit(1)
+        return
+    out = console()
     table = Table(title=report.path, title_justify="left")
     for col in ("transaction", "offset", "length", "data checksum", "record checksum"):
         table.add_column(col, justify="right")
@@ -204,11 +239,11 @@ def verify_segment(segment: str, transaction: int | None) -> None:
         table.add_row(str(r.transaction_id), str(r.offset), str(r.length), "ok" if r.data_checksum_ok else "BAD",
                       "ok" if r.record_checksum_ok else "BAD")
     if shown:
-        console.print(table)
+        out.print(table)
     for failure in report.failures[:100]:
-        console.print(f"[red]FAIL[/red] {failure}")
-    console.print(f"{len(records)} records verified, {len(report.failures)} failures, index entries "
-                  f"{report.index_entries} (checkpointed {report.index_checkpoint})")
+        out.print(f"[red]FAIL[/red] {failure}")
+    out.print(f"{len(records)} records verified, {len(report.failures)} failures, index entries "
+              f"{report.index_entries} (checkpointed {report.index_checkpoint})")
     if report.failures:
         raise SystemExit(1)
 
@@ -218,67 +253,70 @@ def verify_segment(segment: str, transaction: int | None) -> None:
 @click.option("-m", "--metadata", is_flag=True, help="Only the header.")
 @click.option("-r", "--records", "records_only", is_flag=True, help="Only the records.")
 @click.option("-t", "--transaction", type=int, help="Only this transaction.")
-@click.option("--max-bytes", default=32, show_default=True, help="Data bytes shown per record.")
+@click.option("--max-bytes", type=click.IntRange(0), default=32, show_default=True, help="Data bytes shown per record.")
 def dump_segment(segment: str, metadata: bool, records_only: bool, transaction: int | None, max_bytes: int) -> None:
-    """Print a segment's header and records."""
-    from rich.console import Console
+    """Print a segment's header and records; exit status 1 when a record or the index is damaged."""
     from rich.table import Table
 
-    from .disktools import read_segment
-
-    report = read_segment(segment)
-    console = Console()
+    report = _segment_report(segment)
+    out = console()
     if not records_only:
         h = report.header
         meta = Table(title=f"{report.path} header", title_justify="left", show_header=False)
-        if h is None:
-            meta.add_row("header", "CORRUPT")
-        else:
-            for k, v in (("version", h.version), ("creation time (ms)", h.creation_time), ("cluster key", h.cluster_key),
-                         ("partition", h.partition_id), ("first transaction", h.first_transaction_id)):
-                meta.add_row(k, str(v))
+        for k, v in (("version", h.version), ("creation time (ms)", h.creation_time), ("cluster key", h.cluster_key),
+                     ("partition", h.partition_id), ("first transaction", h.first_transaction_id)):
+            meta.add_row(k, str(v))
         meta.add_row("records", str(len(report.records)))
         meta.add_row("index entries (checkpointed)", f"{report.index_entries} ({report.index_checkpoint})")
-        console.print(meta)
-    if metadata:
-        return
-    table = Table(title="records", title_justify="left")
-    for col in ("transaction", "offset", "req id (client, gen, part, seq)", "header", "length", "checksums", "data"):
-        table.add_column(col)
-    for r in report.records:
-        if transaction is not None and r.transaction_id != transaction:
-            continue
-        ok = "ok" if r.data_checksum_ok and r.record_checksum_ok else "BAD"
-        preview = r.data[:max_bytes].hex() + ("…" if len(r.data) > max_bytes else "")
-        table.add_row(str(r.transaction_id), str(r.offset), f"{r.client_id}, {r.generation}, {r.partition_id}, {r.seq_num}",
-                      str(r.header), str(r.length), ok, preview)
-    console.print(table)
+        out.print(meta)
+    if not metadata:
+        table = Table(title="records", title_justify="left")
+        for col in ("transaction", "offset", "req id (client, gen, part, seq)", "header", "length", "checksums", "data"):
+            table.add_column(col)
+        for r in report.records:
+            if transaction is not None and r.transaction_id != transaction:
+                continue
+            ok = "ok" if r.data_checksum_ok and r.record_checksum_ok else "BAD"
+            preview = r.data[:max_bytes].hex() + ("…" if len(r.data) > max_bytes else "")
+            table.add_row(str(r.transaction_id), str(r.offset), f"{r.client_id}, {r.generation}, {r.partition_id}, "
+                          f"{r.seq_num}", str(r.header), str(r.length), ok, preview)
+        out.print(table)
+    if report.failures:
+        click.echo(f"{report.path}: {len(report.failures)} problem(s), the first: {report.failures[0]} "
+                   "(`waltz disk verify-segment` lists them)", err=True)
+        raise SystemExit(1)
 
 
 @disk_group.command("dump-control-file")
 @click.argument("control_file", type=click.Path(exists=True))
-@click.option("-p", "--partition", type=int, help="Only this partition.")
-@click.option("-a", "--assigned", "assigned_only", is_flag=True, help="Only assigned partitions.")
+@click.option("-p", "--partition", type=click.IntRange(0), help="Only this partition.")
+@click.option("--assigned", "assigned_only", is_flag=True, help="Only assigned partitions.")
+@refused_flag("-a", instead="in every command it is a storage node's admin endpoint; write --assigned")
 def dump_control_file(control_file: str, partition: int | None, assigned_only: bool) -> None:
-    """Print the control file: cluster key, partition infos (both structs), and the repair report."""
-    from rich.console import Console
+    """Print the control file: cluster key, partition infos (both structs), and the repair report.
+
+    Exit status 1 when a partition has neither struct intact (the node cannot open it).
+    """
     from rich.table import Table
 
     from .disktools import read_control_file
 
     report = read_control_file(control_file)
-    console = Console()
     h = report.header
     if h is None:
-        console.print(f"[red]{report.path}: header fails its checksum[/red]")
-    else:
-        console.print(f"{report.path}: version {h.version}, created {h.creation_time} ms, cluster key {h.cluster_key}, "
-                      f"{h.num_partitions} partitions")
+        raise click.ClickException(f"{report.path}: not a Waltz control file: its header fails its checksum or is "
+                                   "short (`waltz storage recover-partition` rebuilds a node's files from a replica)")
+    out = console()
+    out.print(f"{report.path}: version {h.version}, created {h.creation_time} ms, cluster key {h.cluster_key}, "
+              f"{h.num_partitions} partitions")
     table = Table(title="partitions", title_justify="left")
     for col in ("partition", "struct", "valid", "session id", "low-water mark", "local low-water mark", "flags",
                 "sequence", "current"):
         table.add_column(col, justify="right")
+    lost = []
     for entry in report.partitions:
+        if entry.current is None:
+            lost.append(entry.partition_id)
         if partition is not None and entry.partition_id != partition:
             continue
         current = entry.current
@@ -292,7 +330,7 @@ def dump_control_file(control_file: str, partition: int | None, assigned_only: b
             table.add_row(str(entry.partition_id), str(i + 1), "yes", str(info.session_id), str(info.low_water_mark),
                           str(info.local_low_water_mark), flags, str(info.sequence_number),
                           "*" if info is current else "")
-    console.print(table)
+    out.print(table)
     if report.repairs:
         rtable = Table(title="repairs made when the node opened its files", title_justify="left")
         for col in ("time (ms)", "partition", "file", "action", "why"):
@@ -300,25 +338,40 @@ def dump_control_file(control_file: str, partition: int | None, assigned_only: b
         for r in report.repairs:
             rtable.add_row(str(r.get("time")), str(r.get("partition")), str(r.get("file")), str(r.get("action")),
                            str(r.get("detail")))
-        console.print(rtable)
+        out.print(rtable)
+    if partition is not None and partition >= len(report.partitions):
+        raise click.ClickException(f"{report.path}: no partition {partition} (the file holds {len(report.partitions)})")
+    if lost:
+        click.echo(f"{report.path}: partitions {lost} have both partition-info structs corrupt "
+                   "(`waltz storage recover-partition` rebuilds them from a replica)", err=True)
+        raise SystemExit(1)
 
 
 @disk_group.command("segment-stats")
 @click.argument("segment", type=click.Path(exists=True, dir_okay=False))
-def segment_stats_command(segment: str) -> None:
-    """Record count and data sizes of a segment (min, max, average, median)."""
-    from rich.console import Console
+@json_option
+def segment_stats_command(segment: str, as_json: bool) -> None:
+    """Record count and data sizes of a segment (min, max, average, median); exit 1 if it is damaged."""
     from rich.table import Table
 
     from .disktools import segment_stats
 
+    report = _segment_report(segment)
     s = segment_stats(segment)
-    table = Table(title=s.path, title_justify="left", show_header=False)
-    for k, v in (("records", s.records), ("min data bytes", s.min_size), ("max data bytes", s.max_size),
-                 ("average data bytes", f"{s.avg_size:.1f}"), ("median data bytes", f"{s.median_size:.1f}"),
-                 ("total data bytes", s.total_data_bytes), ("file bytes", s.file_bytes)):
-        table.add_row(k, str(v))
-    Console().print(table)
+    rows = (("records", s.records), ("min data bytes", s.min_size), ("max data bytes", s.max_size),
+            ("average data bytes", round(s.avg_size, 1)), ("median data bytes", round(s.median_size, 1)),
+            ("total data bytes", s.total_data_bytes), ("file bytes", s.file_bytes))
+    if as_json:
+        echo_json({"path": s.path, **{k.replace(" ", "_"): v for k, v in rows}, "problems": len(report.failures)})
+    else:
+        table = Table(title=s.path, title_justify="left", show_header=False)
+        for k, v in rows:
+            table.add_row(k, str(v))
+        console().print(table)
+    if report.failures:
+        click.echo(f"{report.path}: {len(report.failures)} problem(s), the first: {report.failures[0]} "
+                   "(`waltz disk verify-segment` lists them)", err=True)
+        raise SystemExit(1)
 
 
 @storage_group.command("sync-partitions")
