@@ -273,3 +273,40 @@ async def test_a_slow_replica_is_buffered_only_up_to_the_partitions_share_then_r
     assert replicas["s3:1"].log(0) == replicas["s1:1"].log(0)[: sink.committed + 1]
     await store.close()
     assert budget.stores == 1  # the store gave its share back
+
+
+async def test_a_joining_replica_counts_for_the_quorum_only_once_the_metadata_says_it_is_engaged() -> None:
+    """A replica that catches up inside a session must not help commit a transaction before the
+    partition metadata records it as engaged: a recovery would take it for inconsistent, count only
+    its low-water mark, and could lose that transaction."""
+    from waltz_core.errors import CoordinationError
+
+    class RefusingJoins(MemoryMetadata):
+        refuse = True
+
+        async def write_states(self, partition_id, generation, session_id, states):  # type: ignore[no-untyped-def]
+            if self.refuse and states.get("s3:1") == ReplicaState(session_id, UNRESOLVED):
+                raise CoordinationError("coordination unreachable")  # the write that records the join
+            await super().write_states(partition_id, generation, session_id, states)
+
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    meta = RefusingJoins({0: EPS})
+    store = ReplicatedStore(0, 0, meta, connector(replicas), CONFIG)
+    sink = Sink()
+    replicas["s3:1"].down = True
+    await store.open(sink)
+    await append_n(store, 10)
+    await store.flush()
+    replicas["s3:1"].down = False  # it comes back: a new session, where it starts behind and catches up
+    await wait_for(lambda: store.sessions_started >= 2 and store.healthy, timeout=10)
+    await wait_for(lambda: len(replicas["s3:1"].log(0)) == 10, timeout=10)  # caught up: its join is refused
+    replicas["s2:1"].delay = 3600.0  # s2 stops answering: only s1 and s3 could make a quorum
+    [txn] = await append_n(store, 1, start=100)
+    await wait_for(lambda: len(replicas["s1:1"].log(0)) > txn)
+    await asyncio.sleep(0.2)  # s3 may acknowledge it too if it streamed it (the record is what matters)
+    assert sink.committed < txn, "committed with a replica the metadata does not know is engaged"
+    meta.refuse = False  # the join is recorded: s3 counts, s1 + s3 commit it
+    await wait_for(lambda: sink.committed == txn, timeout=10)
+    assert meta.meta[0].replicas["s3:1"] == ReplicaState(meta.meta[0].session_id, UNRESOLVED)
+    replicas["s2:1"].delay = 0.0
+    await store.close()

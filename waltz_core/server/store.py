@@ -27,7 +27,7 @@ from itertools import islice
 from typing import Protocol
 
 from ..config import ServerConfig
-from ..errors import GenerationMismatchError, PartitionNotReadyError, WaltzError
+from ..errors import CasConflictError, GenerationMismatchError, PartitionNotReadyError, WaltzError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
 from ..coordination.metadata import UNRESOLVED, ReplicaState
 from .recovery import Recovery
@@ -108,10 +108,14 @@ class _ReplicaSession:
         try:
             while True:
                 if not self.clean and self.acked == s.start_high_water_mark:
-                    # Caught up to the session start: join it (seed step 6 for a late replica).
+                    # Caught up to the session start: join it (seed step 6 for a late replica). Its
+                    # acknowledgements count only once the partition metadata says it is engaged in
+                    # this session: recovery takes a replica it does not find there for inconsistent
+                    # and counts only its low-water mark, so a commit it had helped make could be lost.
                     await self.api.set_low_water_mark(sid, pid, s.start_high_water_mark)
+                    await s.record_engaged(self.endpoint)
                     self.clean = True
-                    s.replica_joined(self.endpoint)
+                    s.on_ack()
                 cursor = self.acked + 1
                 if cursor > s.last_assigned:
                     await s.wait_for_records(cursor)
@@ -219,8 +223,25 @@ class StoreSession:
             first += 1
         self.buffer_first, self._buffer_bytes = first, nbytes
 
-    def replica_joined(self, endpoint: str) -> None:
-        self.store.replica_joined(self, endpoint)
+    async def record_engaged(self, endpoint: str) -> None:
+        """Record in the partition metadata that ``endpoint`` (and every clean replica) is engaged
+        in this session; retried until it lands. A conflict means a newer session or generation
+        exists: this one is over, and the error ends the replica session."""
+        delay = self.config.initial_retry_interval
+        while True:
+            states = {ep: ReplicaState(self.session_id, UNRESOLVED)
+                      for ep, r in self.replicas.items() if r.clean or ep == endpoint}
+            try:
+                await self.store.metadata.write_states(self.partition_id, self.store.generation, self.session_id,
+                                                       states)
+                return
+            except (CasConflictError, GenerationMismatchError):
+                raise
+            except WaltzError as exc:
+                log.info("partition %d session %d: could not record %s as engaged yet: %s (retry in %.1fs)",
+                         self.partition_id, self.session_id, endpoint, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.max_retry_interval)
 
     def replica_failed(self, replica: _ReplicaSession, exc: BaseException) -> None:
         log.warning("partition %d session %d: replica %s left the session: %s",
@@ -396,19 +417,6 @@ class ReplicatedStore:
         if session is self.session and not self._closed:
             self._restart.set()
             self._notify()
-
-    def replica_joined(self, session: StoreSession, endpoint: str) -> None:
-        if session is not self.session:
-            return
-        states = {ep: ReplicaState(session.session_id, UNRESOLVED) for ep, r in session.replicas.items() if r.clean}
-
-        async def record() -> None:
-            try:
-                await self.metadata.write_states(self.partition_id, self.generation, session.session_id, states)
-            except WaltzError as exc:  # the next recovery treats it as inconsistent: safe
-                log.info("partition %d: could not record %s as engaged: %s", self.partition_id, endpoint, exc)
-
-        asyncio.get_running_loop().create_task(record())
 
     def _notify(self) -> None:
         self._changed.set()
