@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from array import array
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -113,6 +114,13 @@ class StorageLayout(Protocol):
 
     def delete_partition_files(self, partition_id: int) -> None:
         """Remove the partition's directory and segment files (the store must be closed)."""
+
+    def quarantine(self, partition_id: int | None, into: Path, *, copy: bool = False) -> list[str]:
+        """Move a partition's files - or, with None, the control file and its repair report -
+        into the directory ``into`` (created if absent), keeping them for an operator; with
+        ``copy`` they are copied and stay in use. Moving needs the partition's store closed, and
+        for the control file :meth:`open` not yet called (offline recovery, ``waltz storage
+        recover-partition``). Returns the new paths."""
 
     def repairs(self) -> list[Repair]:
         """Repairs made to the control file since open."""

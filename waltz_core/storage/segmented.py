@@ -855,6 +855,22 @@ class SegmentedLayout:
             shutil.rmtree(path)
             _fsync_dir(self._root)
 
+    def quarantine(self, partition_id: int | None, into: Path, *, copy: bool = False) -> list[str]:
+        from .recovery import quarantine_paths
+
+        if partition_id is None:
+            if self._fd >= 0 and not copy:
+                raise StorageError(f"{self.control_path} is open: move it aside before open()")
+            paths = [self.control_path, self._root / REPAIR_LOG_NAME]
+        else:
+            self._check_partition(partition_id)
+            if not copy:
+                self._current.pop(partition_id, None)
+            paths = [self.partition_directory(partition_id)]
+        moved = quarantine_paths(paths, Path(into), copy=copy)
+        _fsync_dir(self._root)
+        return moved
+
     def repairs(self) -> list[Repair]:
         return list(self._repairs)
 
