@@ -52,12 +52,19 @@ async def started(directory: Path, timeout: float = 1.0) -> LocalCoordination:
 
 
 async def test_counters_are_atomic_across_processes(tmp_path: Path) -> None:
+    # Three processes open the same new store at once (they race for its creation too).
     children = [spawn(tmp_path, 40, hold=False) for _ in range(3)]
     values: list[int] = []
-    for child in children:
-        out, _ = await asyncio.to_thread(child.communicate, timeout=60)
-        assert child.returncode == 0
-        values += json.loads(out)["values"]
+    try:
+        for child in children:
+            out, _ = await asyncio.to_thread(child.communicate, timeout=60)
+            assert child.returncode == 0
+            values += json.loads(out)["values"]
+    finally:
+        for child in children:  # a failed child must not leave its siblings running into the next test
+            if child.poll() is None:
+                child.kill()
+            child.communicate()
     assert sorted(values) == list(range(1, 121))
     backend = await started(tmp_path)
     try:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
-from waltz_core.config import ServerConfig
-from waltz_core.errors import BackendNotFoundError, ConfigError
+from waltz_core.config import InvalidValue, ServerConfig
+from waltz_core.errors import BackendNotFoundError
 from waltz_core.locks import (
     Begin,
     ExactLockTable,
@@ -261,8 +261,11 @@ def test_open_lock_table_takes_the_server_keys() -> None:
 
 
 def test_bad_options_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="size must be >= 1"):
-        open_lock_table(ServerConfig(lock_table_size=0), -1)
+    # The config refuses a size of 0 where it is read, before any lock table is built.
+    with pytest.raises(InvalidValue, match="lock_table_size: must be 1 or more, got 0"):
+        ServerConfig(lock_table_size=0)
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        HashedOptions(size=0)
     with pytest.raises(ValueError, match="hash_count"):
         HashedOptions(hash_count=0)
     with pytest.raises(BackendNotFoundError, match="installed: exact, hashed"):

@@ -347,7 +347,7 @@ class LocalCoordination:
         con = sqlite3.connect(self.path, timeout=self._options.busy_timeout, isolation_level=None,
                               check_same_thread=False)
         try:
-            mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = self._journal_mode_wal(con)
             if mode.lower() != "wal":
                 raise CoordinationError(f"local coordination store {self.path}: cannot use WAL journal (got {mode})")
             con.execute("PRAGMA synchronous=FULL")  # session ids and partition metadata must survive a crash
@@ -364,6 +364,21 @@ class LocalCoordination:
             con.close()
             raise
         self._con = con
+
+    def _journal_mode_wal(self, con: sqlite3.Connection) -> str:
+        """Switch the store to WAL. Several processes opening a new store at once race for the
+        exclusive lock this needs, and SQLite answers that race with SQLITE_BUSY without calling
+        its busy handler, so the wait that ``busy_timeout`` promises is done here."""
+        deadline = time.monotonic() + self._options.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                return str(con.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     def _db(self) -> sqlite3.Connection:
         if self._con is None:
