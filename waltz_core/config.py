@@ -119,6 +119,16 @@ class HttpConfig:
     host: str = key("127.0.0.1", "Address the HTTP endpoint binds to.")
 
 
+@attrs.frozen
+class SecurityConfig:
+    """What a listening process may do without encryption (docs/security.md)."""
+
+    insecure: bool = key(
+        False, "Allow plaintext links (no encryption, no authentication) on an address other than loopback; "
+               "loopback plaintext is always allowed, for development. Elsewhere configure the transport's "
+               "TLS ([transport.tcp] tls_cert/tls_key/tls_ca) or CURVE ([transport.zmq]), or set this (--insecure).")
+
+
 # ------------------------------------------------------------------------------------ per process
 
 
@@ -153,6 +163,7 @@ class StorageProcessConfig:
     transport: TransportConfig = key(TransportConfig(), "Transport for the data and admin ports.")
     coordination: CoordinationConfig = key(CoordinationConfig(), "Coordination backend (cluster key and partition count).")
     http: HttpConfig = key(HttpConfig(), "HTTP endpoint.")
+    security: SecurityConfig = key(SecurityConfig(), "Plaintext rules.")
 
 
 @attrs.frozen
@@ -213,6 +224,7 @@ class ServerProcessConfig:
     transport: TransportConfig = key(TransportConfig(), "Transport for client and storage links.")
     coordination: CoordinationConfig = key(CoordinationConfig(), "Coordination backend.")
     http: HttpConfig = key(HttpConfig(), "HTTP endpoint.")
+    security: SecurityConfig = key(SecurityConfig(), "Plaintext rules.")
 
 
 @attrs.frozen

@@ -112,6 +112,10 @@ class ClusterSpec:
     #: bind-and-advertise address per node name ("storage-0", "server-1"), for clusters whose
     #: processes run on hosts of their own (network namespaces); others use ``host``
     node_hosts: dict[str, str] = attrs.Factory(dict)
+    #: storage nodes and servers may listen in plaintext off loopback ([security] insecure)
+    insecure: bool = False
+    #: the transport options of client.toml (a client certificate with TLS); default: transport_options
+    client_transport_options: dict[str, Any] | None = None
     storages: list[NodeSpec] = attrs.Factory(list)
     servers: list[NodeSpec] = attrs.Factory(list)
 
@@ -144,21 +148,26 @@ class ClusterSpec:
         storages, servers = nodes("storage", "storage"), nodes("server", "server")
         client = build(ClientProcessConfig, tomllib.loads((directory / "client.toml").read_text()))
         first = tomllib.loads(storages[0].config_file.read_text()) if storages else {}
+        node_options = dict(first.get("transport", {}).get(client.transport.name, {}))
+        client_options = dict(client.transport.options.get(client.transport.name, {}))
         return cls(directory, num_partitions=int(meta.get("num_partitions", 4)), num_storages=len(storages),
-                   num_servers=len(servers), transport=client.transport.name,
-                   transport_options=dict(first.get("transport", {}).get(client.transport.name, {})),
+                   num_servers=len(servers), transport=client.transport.name, transport_options=node_options,
+                   client_transport_options=client_options if client_options != node_options else None,
                    coordination=client.coordination, cluster_name=str(meta.get("cluster_name", "waltz-local")),
                    http=any(n.http_port for n in storages + servers), host=str(first.get("storage", {}).get("host", "127.0.0.1")),
+                   insecure=bool(first.get("security", {}).get("insecure", False)),
                    storages=storages, servers=servers)
 
     # ---------------------------------------------------------------------------- config files
 
-    def _common(self) -> dict[str, dict[str, Any]]:
+    def _common(self, client: bool = False) -> dict[str, dict[str, Any]]:
         coord = self.coordination
         assert coord is not None
         transport: dict[str, Any] = {"name": self.transport}
-        if self.transport_options:
-            transport[self.transport] = dict(self.transport_options)
+        options = self.client_transport_options if client and self.client_transport_options is not None \
+            else self.transport_options
+        if options:
+            transport[self.transport] = dict(options)
         coordination: dict[str, Any] = {"name": coord.name, "connect": coord.connect, "root": coord.root,
                                         "session_timeout": coord.session_timeout}
         for name, opts in coord.options.items():
@@ -180,7 +189,7 @@ class ClusterSpec:
             path = self.directory / f"{name}.toml"
             data = {"storage": {"host": host, "port": port, "admin_port": admin,
                                 "directory": str(self.directory / name)},
-                    "http": self._http_section(host, http), **self._common()}
+                    "http": self._http_section(host, http), **self._common(), **self._security()}
             path.write_text(to_toml(data))
             self.storages.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))
         for i in range(self.num_servers):
@@ -188,12 +197,15 @@ class ClusterSpec:
             host = self.node_hosts.get(name, self.host)
             path = self.directory / f"{name}.toml"
             data = {"server": {"host": host, "port": port, **self.server_overrides},
-                    "http": self._http_section(host, http), **self._common()}
+                    "http": self._http_section(host, http), **self._common(), **self._security()}
             path.write_text(to_toml(data))
             self.servers.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))
-        (self.directory / "client.toml").write_text(to_toml({"client": {}, **self._common()}))
+        (self.directory / "client.toml").write_text(to_toml({"client": {}, **self._common(client=True)}))
         (self.directory / "spec.toml").write_text(to_toml({"cluster": {
             "num_partitions": self.num_partitions, "cluster_name": self.cluster_name}}))
+
+    def _security(self) -> dict[str, dict[str, Any]]:
+        return {"security": {"insecure": True}} if self.insecure else {}
 
     def _http_section(self, host: str, port: int) -> dict[str, Any]:
         if not self.http:
@@ -224,7 +236,8 @@ class ClusterSpec:
 
     @property
     def transport_config(self) -> TransportConfig:
-        return build(TransportConfig, self._common()["transport"], "transport")
+        """The transport of tools and tests talking to this cluster (a client's, with TLS)."""
+        return build(TransportConfig, self._common(client=True)["transport"], "transport")
 
     # ---------------------------------------------------------------------------- bootstrap
 

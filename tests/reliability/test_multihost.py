@@ -160,7 +160,8 @@ async def test_the_client_library_follows_its_partitions_off_a_vanished_server(
             coordination = CoordinationConfig(name="zookeeper", connect=zk.connect_string, root="/waltz",
                                               session_timeout=6.0)
             spec = ClusterSpec(tmp_path / "cluster", num_partitions=partitions, num_servers=2,
-                               coordination=coordination, node_hosts={n: h.address for n, h in hosts.items()})
+                               coordination=coordination, node_hosts={n: h.address for n, h in hosts.items()},
+                               insecure=True)
             cluster = ProcessCluster(spec, on_host=lambda name, argv: hosts[name].command(argv))
             await cluster.start()
             commits: dict[int, list[float]] = {p: [] for p in range(partitions)}

@@ -52,8 +52,10 @@ def _client_config(config_path: str | None, data_dir: Path) -> Any:
 @click.option("--background", is_flag=True, help="Start and return; stop later with `waltz up --stop`.")
 @click.option("--stop", is_flag=True, help="Stop the --background cluster of --data-dir.")
 @click.option("--ready-timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for every partition.")
+@click.option("--secure", is_flag=True, help="Mutual TLS on every link: a development CA and certificates are written "
+                                             "to <data-dir>/certs (docs/security.md).")
 def up_command(data_dir: Path, partitions: int, servers: int, coordination: str, connect: str | None, root: str,
-               background: bool, stop: bool, ready_timeout: float) -> None:
+               background: bool, stop: bool, ready_timeout: float, secure: bool) -> None:
     """Start a whole local cluster: 3 storage nodes, servers, coordination, TCP; data under --data-dir.
 
     Runs in the foreground until Ctrl-C (or SIGTERM), which stops every process cleanly. An
@@ -68,7 +70,7 @@ def up_command(data_dir: Path, partitions: int, servers: int, coordination: str,
         return
     cluster = LocalCluster(UpOptions(data_dir=data_dir, partitions=partitions, servers=servers,
                                      coordination=coordination, connect=connect, root=root,
-                                     ready_timeout=ready_timeout), echo=click.echo)
+                                     ready_timeout=ready_timeout, secure=secure), echo=click.echo)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -46,6 +46,8 @@ class UpOptions:
     root: str = "/waltz"
     transport: str = "tcp"
     ready_timeout: float = 60.0
+    #: every link with mutual TLS: a CA, a node and a client certificate under <data-dir>/certs
+    secure: bool = False
 
 
 def _coordination(options: UpOptions) -> CoordinationConfig:
@@ -56,6 +58,21 @@ def _coordination(options: UpOptions) -> CoordinationConfig:
         raise ConfigError(f"--coordination {options.coordination} needs --connect host:port[,host:port...]")
     return CoordinationConfig(name=options.coordination, connect=options.connect, root=options.root,
                               session_timeout=6.0)
+
+
+def _secure_options(data_dir: Path, options: UpOptions) -> tuple[dict[str, object], dict[str, object]]:
+    """A development CA and certificates under ``<data-dir>/certs``; the ``[transport.tcp]`` tables
+    of the nodes (mutual TLS: every listener requires a certificate of this CA) and of clients."""
+    if options.transport != "tcp":
+        raise ConfigError(f"--secure sets up the tcp transport's TLS; the {options.transport} transport has its own "
+                          "settings (docs/security.md)")
+    try:
+        from waltz_transport_tcp.certs import create_test_ca
+    except ImportError:
+        raise ConfigError("--secure needs the tcp transport (pip install 'waltz-core[tcp]')") from None
+    certs = create_test_ca(data_dir / "certs", hosts=("127.0.0.1", "localhost"), clients=("client",), days=365,
+                           ca_name="waltz-up-ca")
+    return dict(certs.server_options(mutual=True)), dict(certs.client_options("client"))
 
 
 def running_pids(data_dir: Path) -> dict[str, int]:
@@ -94,10 +111,15 @@ class LocalCluster:
         loaded = ClusterSpec.load(data_dir)
         self.reused = loaded is not None
         if loaded is None:
+            node_tls, client_tls = _secure_options(data_dir, options) if options.secure else ({}, None)
             self.spec = ClusterSpec(data_dir, num_partitions=options.partitions, num_storages=options.storages,
                                     num_servers=options.servers, transport=options.transport,
+                                    transport_options=node_tls, client_transport_options=client_tls,
                                     coordination=_coordination(attrs.evolve(options, data_dir=data_dir)))
         else:
+            if options.secure and not loaded.transport_options.get("tls_ca"):
+                raise ConfigError(f"the cluster in {data_dir} was created without --secure; give another --data-dir "
+                                  "(or delete this one) for a cluster with TLS")
             self.spec = loaded
             if (loaded.num_partitions, loaded.num_servers) != (options.partitions, options.servers):
                 echo(f"reusing the cluster in {data_dir} as it was created: {loaded.num_partitions} partitions, "

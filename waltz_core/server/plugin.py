@@ -18,8 +18,12 @@ def server_group() -> None:
               help="server.toml (see `waltz config schema server`).")
 @click.option("--port", type=int, help="Override server.port.")
 @click.option("--http-port", type=int, help="Override http.port (0 disables HTTP).")
-def start(config_path: str | None, port: int | None, http_port: int | None) -> None:
-    """Start a server in the foreground; Ctrl-C / SIGTERM stops it cleanly."""
+@click.option("--insecure", is_flag=True, default=None,
+              help="Allow plaintext links on an address other than loopback (security.insecure; docs/security.md).")
+def start(config_path: str | None, port: int | None, http_port: int | None, insecure: bool | None) -> None:
+    """Start a server in the foreground; Ctrl-C / SIGTERM stops it cleanly.
+
+    It listens in plaintext only on loopback, unless --insecure: elsewhere configure TLS."""
     import asyncio
     import signal
 
@@ -31,8 +35,11 @@ def start(config_path: str | None, port: int | None, http_port: int | None) -> N
         overrides.setdefault("server", {})["port"] = port
     if http_port is not None:
         overrides.setdefault("http", {})["port"] = http_port
+    if insecure:
+        overrides.setdefault("security", {})["insecure"] = True
     config = load(ServerProcessConfig, config_path, overrides=overrides,
-                  override_sources={"server.port": "--port", "http.port": "--http-port"})
+                  override_sources={"server.port": "--port", "http.port": "--http-port",
+                                    "security.insecure": "--insecure"})
 
     async def main() -> None:
         stop = asyncio.Event()

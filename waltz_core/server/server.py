@@ -26,7 +26,7 @@ from ..metrics import MetricsRegistry
 from ..plugins import Registries, core_version, default_plugin_manager, default_registries
 from ..protocol import CLIENT
 from ..protocol import client as m
-from ..transport import MessageChannel, is_plaintext, open_transport
+from ..transport import MessageChannel, check_plaintext_allowed, is_plaintext, open_transport
 from ..transport.base import Connection, Listener
 from .caches import CacheBudget
 from .glue import CoordinationMetadata, StorageConnector
@@ -67,6 +67,7 @@ class WaltzServer:
     async def start(self) -> None:
         cfg = self.config
         self.transport = open_transport(cfg.transport, self.registries)
+        check_plaintext_allowed(self.transport, cfg.server.host, cfg.security.insecure, "server.host")
         self.coordination = open_coordination(cfg.coordination, self.registries)
         await self.coordination.start()
         self.store_metadata = StoreMetadata(self.coordination, cfg.coordination.root)

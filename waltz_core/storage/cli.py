@@ -69,14 +69,20 @@ def storage_group() -> None:
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="storage.toml")
 @click.option("--cluster-key", type=click.UUID, help="Cluster key (default: read from coordination).")
 @click.option("--num-partitions", type=click.IntRange(1), help="Partition count (default: read from coordination).")
-def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None) -> None:
-    """Start a storage node (data port, admin port, optional HTTP) and run until SIGTERM/SIGINT."""
+@click.option("--insecure", is_flag=True, default=None,
+              help="Allow plaintext links on an address other than loopback (security.insecure; docs/security.md).")
+def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None,
+                  insecure: bool | None) -> None:
+    """Start a storage node (data port, admin port, optional HTTP) and run until SIGTERM/SIGINT.
+
+    It listens in plaintext only on loopback, unless --insecure: elsewhere configure TLS."""
     from ..config import StorageProcessConfig, load
     from .process import run_storage
 
     if (cluster_key is None) != (num_partitions is None):
         raise ConfigError("--cluster-key and --num-partitions go together")
-    config = load(StorageProcessConfig, config_path)
+    config = load(StorageProcessConfig, config_path, overrides={"security": {"insecure": True}} if insecure else None,
+                  override_sources={"security.insecure": "--insecure"})
     _run(run_storage(config, cluster_key=cluster_key, num_partitions=num_partitions))
 
 

@@ -16,7 +16,7 @@ from ..config import CoordinationConfig, StorageProcessConfig
 from ..http import HttpEndpoint
 from ..metrics import MetricsRegistry
 from ..plugins import core_version, default_plugin_manager, default_registries
-from ..transport import is_plaintext, open_transport
+from ..transport import check_plaintext_allowed, is_plaintext, open_transport
 from .node import StorageNode
 
 log = logging.getLogger("waltz.storage")
@@ -40,20 +40,27 @@ async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | 
                       num_partitions: int | None = None, stop: asyncio.Event | None = None,
                       announce: bool = True) -> None:
     """Run a storage node until ``stop`` is set (or a termination signal arrives)."""
-    if cluster_key is None or num_partitions is None:
-        cluster_key, num_partitions = await store_params_from_coordination(config.coordination)
     cfg = config.storage
-    info = default_registries().resolve("storage_layout", cfg.layout)
-    layout = info.factory(cfg.directory, cfg)
-    metrics = MetricsRegistry()
-    name = f"storage-{cfg.host}:{cfg.port}"
-    node = StorageNode(layout, cluster_key, num_partitions, queue_size=cfg.queue_size,
-                       max_batch_records=cfg.max_batch_records, max_frame_size=config.transport.max_frame_size,
-                       metrics=metrics, name=name)
-    await node.start()
+    transport = open_transport(config.transport)
+    try:
+        # Before anything is read or opened: off loopback, plaintext or an admin port that does not
+        # authenticate its clients needs --insecure.
+        check_plaintext_allowed(transport, cfg.host, config.security.insecure, "storage.host", admin=True)
+        if cluster_key is None or num_partitions is None:
+            cluster_key, num_partitions = await store_params_from_coordination(config.coordination)
+        info = default_registries().resolve("storage_layout", cfg.layout)
+        layout = info.factory(cfg.directory, cfg)
+        metrics = MetricsRegistry()
+        name = f"storage-{cfg.host}:{cfg.port}"
+        node = StorageNode(layout, cluster_key, num_partitions, queue_size=cfg.queue_size,
+                           max_batch_records=cfg.max_batch_records, max_frame_size=config.transport.max_frame_size,
+                           metrics=metrics, name=name)
+        await node.start()
+    except BaseException:
+        await transport.aclose()
+        raise
     for rep in node.repairs:
         log.warning("repaired at start: partition %d %s: %s (%s)", rep.partition_id, rep.file, rep.action, rep.detail)
-    transport = open_transport(config.transport)
     if is_plaintext(transport):
         log.warning("storage node: server and admin links are not encrypted (development mode; see [transport.%s] tls_*)", config.transport.name)
     listeners: list[Any] = []

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..config import TransportConfig, backend_options
-from .base import Connection, ConnectionHandler, Listener, Transport, is_plaintext
+from .base import (
+    Connection,
+    ConnectionHandler,
+    Listener,
+    Transport,
+    check_plaintext_allowed,
+    is_loopback,
+    is_plaintext,
+)
 from .channel import MessageChannel
 
 if TYPE_CHECKING:
@@ -22,5 +30,6 @@ def open_transport(config: TransportConfig, registries: Registries | None = None
     return info.factory(config, options)  # type: ignore[no-any-return]
 
 
-__all__ = ["Connection", "ConnectionHandler", "Listener", "MessageChannel", "Transport", "is_plaintext",
+__all__ = ["Connection", "ConnectionHandler", "Listener", "MessageChannel", "Transport", "check_plaintext_allowed",
+           "is_loopback", "is_plaintext",
            "open_transport"]

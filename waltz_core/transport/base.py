@@ -76,8 +76,10 @@ class Listener(Protocol):
 class Transport(Protocol):
     """What a transport backend's factory returns.
 
-    Optionally it has a boolean ``encrypted`` attribute (tcp: True with TLS); a transport without
-    it reports security itself (zmq logs its own plaintext warning). See :func:`is_plaintext`.
+    Optionally it has two boolean attributes that the secure-by-default rule reads
+    (:func:`check_plaintext_allowed`): ``encrypted`` (tcp: TLS is on; zmq: CURVE is on) and
+    ``authenticates_clients`` (its listeners admit only clients with credentials: mutual TLS, a
+    CURVE allow-list). A transport without them is not guessed at: it reports security itself.
     """
 
     name: str
@@ -90,6 +92,55 @@ class Transport(Protocol):
 
     async def aclose(self) -> None:
         """Release transport-wide resources (contexts, thread pools); idempotent."""
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is a loopback one (127.0.0.0/8, ::1, ``localhost``).
+
+    The wildcard (``0.0.0.0``, ``::``, ``""``) and a name that does not resolve are not loopback.
+    """
+    import ipaddress
+    import socket
+
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def check_plaintext_allowed(transport: object, host: str, insecure: bool, key: str, *,
+                            admin: bool = False) -> None:
+    """The rule of ``waltz server start`` / ``waltz storage start`` (CockroachDB's model): a process
+    listens in plaintext only on loopback, or when the configuration says ``insecure`` explicitly.
+
+    ``admin``: the listener also serves the storage admin port (truncate, recover, assign), so off
+    loopback it must authenticate its clients too (mutual TLS, a CURVE allow-list), not only encrypt.
+    ``key`` names the setting with the address (``storage.host``) for the error.
+    """
+    if insecure or is_loopback(host):
+        return
+    from ..errors import ConfigError
+
+    name = getattr(transport, "name", "the")
+    if is_plaintext(transport):
+        raise ConfigError(
+            f"{key} {host!r} is not a loopback address and the {name} transport is not encrypted: configure its "
+            f"TLS ([transport.tcp] tls_cert, tls_key, tls_ca) or CURVE ([transport.zmq]), or allow plaintext "
+            f"explicitly with --insecure ([security] insecure = true); see docs/security.md")
+    if admin and getattr(transport, "authenticates_clients", None) is False:
+        raise ConfigError(
+            f"{key} {host!r} is not a loopback address and the {name} transport does not authenticate its clients, "
+            f"so the admin port would obey anyone who can reach it: require client certificates ([transport.tcp] "
+            f"tls_ca with tls_verify_clients = true) or a CURVE allow-list ([transport.zmq] curve_allowed_client_keys "
+            f"or curve_allowed_clients_dir), or allow it explicitly with --insecure ([security] insecure = true); "
+            f"see docs/security.md")
 
 
 def is_plaintext(transport: object) -> bool:

@@ -121,6 +121,11 @@ class TcpTransport:
         """True when this transport's links use TLS (processes warn about plaintext when False)."""
         return self.options.tls_enabled
 
+    @property
+    def authenticates_clients(self) -> bool:
+        """True when listeners admit only clients with a certificate of ``tls_ca`` (mutual TLS)."""
+        return self._server_ssl is not None and self._server_ssl.verify_mode == ssl.CERT_REQUIRED
+
     async def connect(self, address: str) -> TcpConnection:
         """Connect to ``host:port``; ConnectError when refused, unreachable or too slow."""
         host, port = parse_address(address)

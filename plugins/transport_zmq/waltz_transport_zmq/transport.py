@@ -351,6 +351,17 @@ class ZmqTransport:
         self._server_secret = (keys.load_secret_keypair(self.options.curve_server_secret_key_file)[1]
                                if self.options.curve_server_secret_key_file else None)
 
+    @property
+    def encrypted(self) -> bool:
+        """True when this transport's listeners use CURVE (a server secret key is configured): the
+        rule of ``waltz server start`` and ``waltz storage start`` is about listening in plaintext."""
+        return self._server_secret is not None
+
+    @property
+    def authenticates_clients(self) -> bool:
+        """True when CURVE listeners admit only allowed client keys (an allow-list or directory)."""
+        return self.encrypted and bool(self.options.curve_allowed_client_keys or self.options.curve_allowed_clients_dir)
+
     # ------------------------------------------------------------------------------ helpers
     def _context(self) -> zmq.asyncio.Context:
         if self._closed:

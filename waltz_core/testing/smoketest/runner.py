@@ -352,8 +352,10 @@ async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None
                                               root=f"/waltz-smoke-{uuid.uuid4().hex[:8]}",
                                               session_timeout=max(opts.session_timeout, 4.0))
         node_hosts = {name: h.address for name, h in network.hosts.items()} if network is not None else {}
+        # Hosts of their own are not loopback: the test cluster runs in plaintext on purpose.
         spec = ClusterSpec(directory / "cluster", num_partitions=opts.partitions, num_storages=opts.storages,
-                           num_servers=opts.servers, coordination=coordination, node_hosts=node_hosts)
+                           num_servers=opts.servers, coordination=coordination, node_hosts=node_hosts,
+                           insecure=network is not None)
         spec.write_configs()
         if network is None:
             # Servers reach every storage node through a fault proxy: its address is the one registered.
