@@ -4,6 +4,8 @@ The cluster (1 server, 1 storage node, 4 partitions, tcp, local coordination, th
 table) runs as an :class:`InProcessCluster` on its own event loop in a daemon thread; Spark's
 Python workers reach it through ``client.toml`` like any other client. Tests share both, so each
 test works on data it tells apart (its own partitions, or ids it recorded before it wrote).
+``one_slot_cluster`` is a second cluster, started only by the tests that ask for it, whose lock
+table reports false conflicts on demand.
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ def _have(module: str) -> bool:
 class RunningCluster:
     """An InProcessCluster on a private loop thread (start/stop are blocking)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, server_overrides: dict[str, Any] | None = None) -> None:
         from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 
         self.spec = ClusterSpec(directory, num_partitions=4, num_storages=1, num_servers=1,
-                                server_overrides={"lock_table": "exact"})
+                                server_overrides=server_overrides or {"lock_table": "exact"})
         self.cluster = InProcessCluster(self.spec)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="waltz-test-cluster", daemon=True)
@@ -46,6 +48,13 @@ class RunningCluster:
 
     def run(self, coro: Any, timeout: float) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def lock_failures(self) -> int:
+        """Appends the servers' lock tables rejected so far (every partition)."""
+        async def total() -> int:
+            return sum(p.lock_failures for server in self.cluster.servers.values() for p in server.partitions.values())
+
+        return int(self.run(total(), 10))
 
     @property
     def client_toml(self) -> str:
@@ -63,6 +72,17 @@ class RunningCluster:
 @pytest.fixture(scope="session")
 def waltz_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
     running = RunningCluster(tmp_path_factory.mktemp("waltz-spark-cluster"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def one_slot_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    """A cluster whose ``hashed`` lock table has one slot and one hash: every two keys collide."""
+    running = RunningCluster(tmp_path_factory.mktemp("waltz-spark-one-slot"),
+                             {"lock_table": "hashed", "lock_table_size": 1, "lock_hash_count": 1})
     try:
         yield running
     finally:

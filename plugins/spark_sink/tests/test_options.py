@@ -6,8 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from waltz_core.errors import ClientError
+from waltz_spark.keyed import KEYED_MAGIC, canonical_key, decode_keyed, describe_key, encode_keyed
 from waltz_spark.logclient import split_ranges
-from waltz_spark.options import ReadOptions, SparkOptionError, WriteOptions, client_config, parse_partitions
+from waltz_spark.options import (
+    MAX_FALSE_CONFLICTS,
+    ReadOptions,
+    SparkOptionError,
+    WriteOptions,
+    client_config,
+    parse_partitions,
+)
 
 
 def test_partitions_and_ranges() -> None:
@@ -32,7 +41,29 @@ def test_connection_from_a_file_with_overrides(tmp_path: Path) -> None:
         WriteOptions.parse({"config": str(path), "lockSnapshot": "{}"}, ["data"])
     w = WriteOptions.parse({"config": str(path), "lockColumn": "k", "idempotent": "true", "lockSnapshot": '{"0": 3}'},
                            ["data", "k"])
-    assert w.idempotent and w.lock_snapshot == ((0, 3),)
+    assert w.idempotent and w.lock_snapshot == ((0, 3),) and w.max_false_conflicts == MAX_FALSE_CONFLICTS
+    idem = {"config": str(path), "lockColumn": "k", "idempotent": "true"}
+    assert WriteOptions.parse({**idem, "maxFalseConflicts": "0"}, ["data", "k"]).max_false_conflicts == 0
+    with pytest.raises(SparkOptionError, match="'maxfalseconflicts': must be at least 0"):
+        WriteOptions.parse({**idem, "maxFalseConflicts": "-1"}, ["data", "k"])
+    with pytest.raises(SparkOptionError, match="'maxFalseConflicts': only meaningful with idempotent=true"):
+        WriteOptions.parse({"config": str(path), "maxFalseConflicts": "3"}, ["data"])
+
+
+def test_keyed_payloads_carry_the_keys_a_lock_would_tell_apart() -> None:
+    keys = (canonical_key(5, "k"), canonical_key("order-7", "k"), canonical_key(b"\xff", "k"))
+    assert decode_keyed(encode_keyed(keys, b"row")) == (keys, b"row")
+    assert decode_keyed(encode_keyed((), b"")) == ((), b"")
+    assert [describe_key(k) for k in keys] == ["5", "'order-7'", "b'\\xff'"]
+    # the same identity as the lock id: a string is its UTF-8 binary, an integer is not its text
+    assert canonical_key("5", "k") == canonical_key(b"5", "k") != canonical_key(5, "k")
+    # other payloads, and a truncated keyed one, are not keyed
+    assert decode_keyed(b'{"amount": 5}') is None
+    assert decode_keyed(encode_keyed(keys, b"")[:-1]) is None
+    assert decode_keyed(KEYED_MAGIC) is None
+    for bad in (True, 2**63, 1.5):
+        with pytest.raises(ClientError, match="column 'k'"):
+            canonical_key(bad, "k")
 
 
 def test_cap_offsets_shares_the_budget_fairly() -> None:

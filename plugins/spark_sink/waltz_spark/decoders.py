@@ -6,11 +6,12 @@ A registry of named decoders, each a function ``(df, column, **options) -> df`` 
     decode(df, "json", schema="account INT, amount BIGINT, kind STRING, ts STRING")
     decode(df, "utf8", name="text")
     decode(df, "struct", format=">iq", names=["account", "amount"])
+    decode(df, "keyed")          # an idempotent write's payload -> idempotency_keys, data
     decode(df, my_function, schema="a INT, b STRING")        # a user function bytes -> tuple/dict
     register_decoder("mine", my_decoder)                     # then decode(df, "mine", ...)
 
-``json`` and ``utf8`` are Spark expressions (no Python per row); ``struct`` and user functions
-are Python UDFs, run in the workers (a user function is pickled by value, so it may live in a
+``json`` and ``utf8`` are Spark expressions (no Python per row); ``struct``, ``keyed`` and user
+functions are Python UDFs, run in the workers (a user function is pickled by value, so it may live in a
 script or test module the workers cannot import).
 """
 
@@ -118,6 +119,18 @@ def _struct_codes(format: str) -> list[str]:
     return out
 
 
+def _keyed(df: Any, column: str, **_: Any) -> Any:
+    """Split what an idempotent write appended (:mod:`waltz_spark.keyed`) into its keys and the row's
+    data; other payloads keep their data, with null keys."""
+    from .keyed import decode_keyed
+
+    def split(data: bytes) -> tuple[list[bytes] | None, bytes]:
+        keyed = decode_keyed(data)
+        return (None, data) if keyed is None else (list(keyed[0]), keyed[1])
+
+    return _function(df, column, fn=split, schema=f"idempotency_keys ARRAY<BINARY>, `{column}` BINARY")
+
+
 def _function(df: Any, column: str, *, fn: Callable[[bytes], Any], schema: str, **_: Any) -> Any:
     """A user function ``bytes -> tuple | dict | None`` as a UDF returning ``schema`` (DDL)."""
     from pyspark import cloudpickle
@@ -137,3 +150,4 @@ def _function(df: Any, column: str, *, fn: Callable[[bytes], Any], schema: str, 
 register_decoder("json", _json)
 register_decoder("utf8", _utf8)
 register_decoder("struct", _struct_decoder)
+register_decoder("keyed", _keyed)

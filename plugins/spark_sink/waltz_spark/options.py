@@ -27,6 +27,11 @@ from waltz_core.config import ClientProcessConfig, build
 from waltz_core.errors import ConfigError
 
 
+#: Default of the write option ``maxFalseConflicts``: far more than a row meets with a sane lock
+#: table (a false conflict needs every slot of its key overwritten since its last check).
+MAX_FALSE_CONFLICTS = 32
+
+
 class SparkOptionError(ConfigError):
     """A ``waltz`` data-source option is missing, unknown or malformed."""
 
@@ -36,7 +41,8 @@ _CONNECTION_KEYS = {"config", "checkpointlocation", "queryname", "coordination.n
 READ_KEYS = _CONNECTION_KEYS | {"partitions", "startid", "endid", "rangesize", "startingoffsets",
                                 "maxtransactionspertrigger", "fetchwindow", "path"}
 WRITE_KEYS = _CONNECTION_KEYS | {"datacolumn", "headercolumn", "lockcolumn", "lockname", "partitioncolumn",
-                                 "partitioner", "idempotent", "locksnapshot", "maxretries", "timeout", "path"}
+                                 "partitioner", "idempotent", "locksnapshot", "maxfalseconflicts", "maxretries", "timeout",
+                                 "path"}
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -189,6 +195,8 @@ class WriteOptions:
     partitioner: str | None  #: "module:function" called as f(row, num_partitions) -> partition id
     idempotent: bool  #: lockColumn is an idempotency key: exactly-once against the lock snapshot
     lock_snapshot: tuple[tuple[int, int], ...] | None  #: pinned per-partition snapshot (JSON option)
+    #: idempotent: times one row whose keys are not in the log is sent again after a lock conflict
+    max_false_conflicts: int
     max_retries: int | None
     timeout: float | None
 
@@ -217,6 +225,10 @@ class WriteOptions:
             if not idempotent:
                 raise SparkOptionError("waltz write option 'lockSnapshot': only meaningful with idempotent=true")
             snapshot = tuple(sorted(parse_offset_json(opts["locksnapshot"], "lockSnapshot").items()))
+        if opts.get("maxfalseconflicts") and not idempotent:
+            raise SparkOptionError("waltz write option 'maxFalseConflicts': only meaningful with idempotent=true")
+        max_false_conflicts = _int(opts, "maxfalseconflicts", MAX_FALSE_CONFLICTS, minimum=0)
+        assert max_false_conflicts is not None
         timeout = opts.get("timeout")
         try:
             timeout_value = float(timeout) if timeout else None
@@ -226,6 +238,7 @@ class WriteOptions:
                    header_column=opts.get("headercolumn"), lock_column=opts.get("lockcolumn"),
                    lock_name=opts.get("lockname", "waltz-spark"), partition_column=opts.get("partitioncolumn"),
                    partitioner=partitioner, idempotent=idempotent, lock_snapshot=snapshot,
+                   max_false_conflicts=max_false_conflicts,
                    max_retries=_int(opts, "maxretries", None, minimum=0), timeout=timeout_value)
 
     @property

@@ -257,17 +257,19 @@ class WaltzStreamReader(*_StreamBase):  # type: ignore[misc]
 class WaltzCommitMessage(WriterCommitMessage):
     """What one writing task appended."""
 
-    def __init__(self, committed: int, duplicates: int, per_partition: tuple[tuple[int, int], ...]) -> None:
+    def __init__(self, committed: int, duplicates: int, per_partition: tuple[tuple[int, int], ...],
+                 false_conflicts: int) -> None:
         self.committed = committed
         self.duplicates = duplicates
         self.per_partition = per_partition
+        self.false_conflicts = false_conflicts
 
 
 def _write(opts: WriteOptions, snapshot: dict[int, int] | None, rows: Iterator[Any]) -> WaltzCommitMessage:
     from .sink import write_rows
 
     result = write_rows(client_config(opts.raw), rows, opts, snapshot)
-    return WaltzCommitMessage(result.committed, result.duplicates, result.per_partition)
+    return WaltzCommitMessage(result.committed, result.duplicates, result.per_partition, result.false_conflicts)
 
 
 class WaltzBatchWriter(DataSourceWriter):
