@@ -42,7 +42,7 @@ def certs_group() -> None:
               help="Host name or IP address the node certificate is valid for (repeatable).")
 @click.option("--client", "clients", multiple=True, default=("client",), show_default=True,
               help="Name of a client certificate to issue (repeatable).")
-@click.option("--days", default=30, show_default=True, help="Validity in days.")
+@click.option("--days", type=click.IntRange(1), default=30, show_default=True, help="Validity in days.")
 def certs_create(directory: Path, hosts: tuple[str, ...], clients: tuple[str, ...], days: int) -> None:
     """Create a test CA, a node certificate (TLS server and client) and client certificates."""
     from .certs import create_test_ca

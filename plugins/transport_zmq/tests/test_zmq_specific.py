@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -288,14 +290,20 @@ def test_options_validation_through_config() -> None:
     assert options is not None and options.window_frames == 64
 
 
-def test_key_helper_writes_a_usable_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert keys.main(["create", str(tmp_path / "k"), "node-1"]) == 0
-    public_file, secret_file = tmp_path / "k" / "node-1.key", tmp_path / "k" / "node-1.key_secret"
-    public, secret = keys.load_secret_keypair(secret_file)
-    assert keys.load_keypair(public_file) == (public, None)
-    assert zmq.curve_public(secret) == public  # the pair matches
-    assert secret_file.stat().st_mode & 0o077 == 0
-    assert keys.public_key(public_file) in capsys.readouterr().out
+def test_waltz_curve_create_writes_usable_pairs(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "waltz_core.cli", "curve", "create", "--dir", str(tmp_path / "k"),
+                             "node-1", "client-1"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr  # no runpy warning, no traceback
+    for name in ("node-1", "client-1"):
+        public_file, secret_file = tmp_path / "k" / f"{name}.key", tmp_path / "k" / f"{name}.key_secret"
+        public, secret = keys.load_secret_keypair(secret_file)
+        assert keys.load_keypair(public_file) == (public, None)
+        assert zmq.curve_public(secret) == public  # the pair matches
+        assert secret_file.stat().st_mode & 0o077 == 0
+        assert keys.public_key(public_file) in result.stdout
     with pytest.raises(ConfigError, match="no secret key"):
-        keys.load_secret_keypair(public_file)
-    assert keys.main(["bogus"]) == 2
+        keys.load_secret_keypair(tmp_path / "k" / "node-1.key")
+    bad = subprocess.run([sys.executable, "-m", "waltz_core.cli", "curve", "create", "--dir", str(tmp_path / "k"),
+                          "../escape"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is not a plain file name" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "escape.key").exists()

@@ -2,10 +2,9 @@
 
 Make a key pair per server and per client::
 
-    python -m waltz_transport_zmq.keys create /etc/waltz/keys server
-    python -m waltz_transport_zmq.keys create /etc/waltz/keys client-1
+    waltz curve create --dir /etc/waltz/keys server client-1
 
-or from Python, :func:`create_keypair`. Each call writes ``NAME.key`` (public: give it to
+or from Python, :func:`create_keypair`. Each name gets ``NAME.key`` (public: give it to
 peers) and ``NAME.key_secret`` (public and secret: keep it private, mode 0600). Then configure
 
 * the listener: ``curve_server_secret_key_file = "server.key_secret"`` and either
@@ -69,18 +68,3 @@ def load_public_keys_dir(directory: str | os.PathLike[str]) -> set[bytes]:
     for path in sorted(Path(directory).glob("*.key")):
         keys.add(load_keypair(path)[0])
     return keys
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m waltz_transport_zmq.keys create DIRECTORY NAME``."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] != "create":
-        print("usage: python -m waltz_transport_zmq.keys create DIRECTORY NAME", file=sys.stderr)
-        return 2
-    public, secret = create_keypair(args[1], args[2])
-    print(f"public key file: {public}\nsecret key file: {secret}\npublic key: {public_key(public)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
