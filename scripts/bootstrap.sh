@@ -28,10 +28,11 @@ fi
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-stamp="$VENV/.waltz-bootstrap-$MINIMAL-$(cat pyproject.toml plugins/*/pyproject.toml | sha1sum | cut -c1-12)"
+stamp="$VENV/.waltz-bootstrap-$MINIMAL-$(cat VERSION pyproject.toml plugins/*/pyproject.toml | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing waltz-core and the plugins into $VENV"
-  # One pip call: the local waltz-core satisfies the plugins' dependency on it.
+  # One pip call: the local waltz-core satisfies the plugins' dependency on it, and the local tcp
+  # plugin the core's (a cycle that pip resolves).
   pkgs=(-e ".[testing]" -e plugins/transport_tcp -e plugins/transport_zmq -e plugins/coord_zookeeper -e plugins/coord_etcd)
   tools=(pytest-xdist py-spy)
   if [ "$MINIMAL" = 0 ]; then pkgs+=(-e plugins/spark_sink); tools+=(tox tox-uv); fi

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import textwrap
 import types
 from pathlib import Path
@@ -14,7 +16,11 @@ from click.testing import CliRunner
 from waltz_core.cli.main import build_cli
 from waltz_core.errors import BackendNotFoundError, PluginError
 from waltz_core.hookspecs import hookimpl
-from waltz_core.plugins import BUILTIN_PLUGINS, REGISTRY_HOOKS, get_plugin_manager, load_registries
+from waltz_core.plugins import (BUILTIN_PLUGINS, REGISTRY_HOOKS, get_plugin_manager, incompatible_plugins,
+                                load_registries)
+
+#: The single source of every distribution's version.
+VERSION = (Path(__file__).resolve().parent.parent / "VERSION").read_text().strip()
 
 
 @pytest.fixture(autouse=True)
@@ -220,7 +226,7 @@ def test_waltz_plugins_table_lists_tcp_and_builtins() -> None:
     assert result.exit_code == 0, result.output
     out = result.output
     assert "transport-tcp" in out
-    assert "waltz-transport-tcp 0.1.0" in out
+    assert f"waltz-transport-tcp {VERSION}" in out
     assert "waltz_core.transport.plugin" in out and "memory" in out
     tcp_rows = [line for line in out.splitlines() if " tcp " in line]
     assert len(tcp_rows) == 1 and "transport-tcp" in tcp_rows[0]  # the tcp backend row names its plugin
@@ -236,3 +242,52 @@ def test_waltz_plugins_json_lists_every_plugin_with_its_distribution() -> None:
         assert by_name[builtin].endswith("(built-in)")
     assert {"kind": "transport", "name": "tcp"}.items() <= next(
         b for b in listing["backends"] if b["name"] == "tcp").items()
+
+
+# ----------------------------------------------------------------------- supported core versions
+
+
+@pytest.fixture
+def picky_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A distribution ``picky_waltz_plugin 3.0`` (no hooks) that supports waltz-core 99 only."""
+    (tmp_path / "picky_waltz_plugin.py").write_text('"""Supports a core that does not exist yet."""\n')
+    dist_info = tmp_path / "picky_waltz_plugin-3.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: picky_waltz_plugin\nVersion: 3.0\n"
+        "Requires-Dist: waltz-core<100,>=99\n"
+        'Requires-Dist: waltz-core[testing]<0.0.1; extra == "test"\n')
+    (dist_info / "entry_points.txt").write_text("[waltz]\npicky = picky_waltz_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "picky_waltz_plugin", raising=False)
+    return tmp_path
+
+
+def test_a_plugin_that_excludes_the_running_core_is_one_warning_not_a_crash(
+        picky_plugin: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="waltz.plugins"):
+        pm = get_plugin_manager()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "waltz.plugins"]
+    # one line, for the main requirement; the one behind the plugin's "test" extra does not count
+    assert warnings == [f"plugin distribution picky_waltz_plugin 3.0 requires waltz-core<100,>=99, but waltz-core "
+                        f"{VERSION} is running: upgrade the plugin or pin waltz-core"]
+    assert "tcp" in load_registries(pm).transport
+
+
+def test_the_plugins_of_this_repository_support_this_core_and_only_its_minor_series(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="waltz.plugins"):
+        pm = get_plugin_manager()
+    assert not [r for r in caplog.records if r.name == "waltz.plugins"]
+    assert incompatible_plugins(pm, VERSION) == []
+    major, minor, _ = VERSION.split(".")
+    refusing = {dist.split()[0] for dist, _ in incompatible_plugins(pm, f"{major}.{int(minor) + 1}.0")}
+    assert {"waltz-transport-tcp", "waltz-transport-zmq", "waltz-coord-zookeeper", "waltz-coord-etcd",
+            "waltz-spark"} <= refusing
+
+
+def test_without_packaging_the_check_is_skipped(picky_plugin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pm = get_plugin_manager()
+    assert incompatible_plugins(pm, VERSION)
+    monkeypatch.setitem(sys.modules, "packaging.requirements", None)  # import fails as if not installed
+    assert incompatible_plugins(pm, VERSION) == []

@@ -80,6 +80,7 @@ def get_plugin_manager(*, autoload: bool | None = None, extra: Iterable[object] 
             pm.load_setuptools_entrypoints(NAME)
         except Exception as exc:  # an installed plugin that fails to import must name itself
             raise PluginError(f"loading entry-point plugins of group {NAME!r} failed: {exc!r}") from exc
+        warn_incompatible_plugins(pm)
     for plugin in extra:
         try:
             pm.register(plugin)
@@ -107,11 +108,57 @@ def plugin_distribution(pm: pluggy.PluginManager, plugin: object) -> str:
     return "unknown (registered directly)"
 
 
+#: What :func:`core_version` answers when waltz-core runs from a source tree that was never installed.
+UNKNOWN_VERSION = "0+unknown"
+
+
 def core_version() -> str:
     try:
         return importlib.metadata.version("waltz-core")
     except importlib.metadata.PackageNotFoundError:  # running from a source tree
-        return "0+unknown"
+        return UNKNOWN_VERSION
+
+
+def incompatible_plugins(pm: pluggy.PluginManager, version: str) -> list[tuple[str, str]]:
+    """``(distribution, requirement)`` of each loaded plugin distribution whose ``waltz-core``
+    requirement excludes core ``version`` (docs/plugin-authors.md, hook compatibility).
+
+    Empty when ``packaging`` is not installed: the check is advice, not worth a dependency.
+    """
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.utils import canonicalize_name
+    except ImportError:
+        return []
+    found: dict[str, str] = {}
+    for _plugin, dist in pm.list_plugin_distributions():
+        name = dist.metadata["name"]
+        for text in dist.requires or ():
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue  # pip would have refused it; not this check's business
+            if canonicalize_name(req.name) != "waltz-core":
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue  # e.g. waltz-core[testing] of the plugin's own "test" extra
+            if not req.specifier.contains(version, prereleases=True):
+                found[f"{name} {dist.version}"] = str(req)
+    return sorted(found.items())
+
+
+def warn_incompatible_plugins(pm: pluggy.PluginManager) -> None:
+    """One warning per plugin distribution that declares it does not support this core.
+
+    A warning, not an error: the plugin may still work, and a crash would take down every
+    command for a plugin that the configuration might not even use.
+    """
+    version = core_version()
+    if version == UNKNOWN_VERSION:
+        return
+    for dist, requirement in incompatible_plugins(pm, version):
+        log.warning("plugin distribution %s requires %s, but waltz-core %s is running: "
+                    "upgrade the plugin or pin waltz-core", dist, requirement, version)
 
 
 @attrs.frozen

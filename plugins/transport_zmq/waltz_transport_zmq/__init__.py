@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from .connection import ZmqConnection
 from . import keys, wire
 from .keys import create_keypair
 from .options import ZmqOptions
 from .transport import ZmqListener, ZmqTransport, zmq_factory
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("waltz-transport-zmq")
+except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["ZmqConnection", "ZmqListener", "ZmqOptions", "ZmqTransport", "create_keypair", "keys", "wire", "zmq_factory"]
