@@ -1,5 +1,5 @@
 """Every figure of docs/performance.md from one run: the etcd side-by-side, then the producer and
-consumer shapes of issue 10 on throw-away local clusters, printed as Markdown tables.
+consumer shapes of docs/performance.md on throw-away local clusters, printed as Markdown tables.
 
     python benchmarks/perf_report.py                 # ~5 minutes on 2 cores
     python benchmarks/perf_report.py --json out.json

@@ -1,4 +1,4 @@
-"""Issue 6 acceptance over real processes (``waltz storage start`` / ``waltz server start``), with
+"""Applications over real processes (``waltz storage start`` / ``waltz server start``), with
 local and ZooKeeper coordination: one cluster per backend (5 partitions; each test owns its own
 partitions, so the tests share it):
 

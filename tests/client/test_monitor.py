@@ -1,4 +1,4 @@
-"""Unit tests of the fate-decision rules (seed 001 "Detection of Failed Append Requests") and expiry."""
+"""Unit tests of the fate-decision rules (Waltz design, "Detection of Failed Append Requests") and expiry."""
 
 from __future__ import annotations
 

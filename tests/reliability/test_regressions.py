@@ -1,4 +1,4 @@
-"""Regression scenarios from the original Waltz's history (issue 9, item 6).
+"""Regression scenarios from the original Waltz's history (bugs reported against the original Java Waltz).
 
 Only the scenario that had no test lives here: a mount that never becomes ready times out
 clearly. The others are covered where their code lives (listed in ``docs/reliability.md``):

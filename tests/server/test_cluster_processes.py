@@ -1,7 +1,7 @@
-"""Issue 5 acceptance: a real cluster of processes (3 storage nodes, servers, coordination) over TCP.
+"""A real cluster of processes (3 storage nodes, servers, coordination) over TCP.
 
 Each test runs ``waltz storage start`` / ``waltz server start`` subprocesses, kills them with
-SIGKILL, and checks what the seed promises: commits on 2 of 3, no committed transaction lost or
+SIGKILL, and checks what the Waltz design promises: commits on 2 of 3, no committed transaction lost or
 duplicated, stalls without a quorum, byte-identical replicas after catch-up, server failover.
 """
 

@@ -63,7 +63,7 @@ class Raw:
 
     async def flush(self) -> int:
         """Flush, then read the feed up to the flushed high-water mark (the response may overtake
-        feed records, so a client completes a flush only once its feed got there, as the seed says)."""
+        feed records, so a client completes a flush only once its feed got there, as the Waltz design says)."""
         q = self.q()
         await self.ch.send(m.FlushRequest(q))
         hwm: int = (await self.until(m.FlushResponse, q)).transaction_id

@@ -174,7 +174,7 @@ async def test_recovery_truncates_dirty_transactions_above_the_majority_mark() -
         assert [x.transaction_id for x in r.log(0)] == list(range(20)), "dirty tail removed"
         assert r.partitions[0].info.low_water_mark == 19 and r.partitions[0].info.session_id == 1
         assert result.replica_states[ep] == ReplicaState(1, UNRESOLVED)
-    # C is behind; a quorum is clean, so C keeps catching up inside the new session (seed step 5.iv.3).
+    # C is behind; a quorum is clean, so C keeps catching up inside the new session (recovery step 5.iv.3 of the Waltz design).
     assert result.lagging == {"s3:1": 9}
     assert result.replica_states["s3:1"] == ReplicaState(0, 19)
 

@@ -1,4 +1,4 @@
-"""The closing high-water-mark vote, with the seed's examples (seed 000 "Quorum Checking in the Recovery Process")."""
+"""The closing high-water-mark vote, with the Waltz design's examples (Waltz design, "Quorum Checking in the Recovery Process")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from waltz_core.server.vote import evaluate, quorum_of
 
-H_C, H_A, H_B = 10, 20, 30  # the seed's figure: HB > HA > HC
+H_C, H_A, H_B = 10, 20, 30  # the Waltz design's figure: HB > HA > HC
 
 
 def test_quorum_is_a_majority() -> None:

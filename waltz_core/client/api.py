@@ -1,4 +1,4 @@
-"""What applications write and receive (seed 001 "Client API"; original ``waltz-client`` §1.1).
+"""What applications write and receive (Waltz design, "Client API"; original ``waltz-client`` §1.1).
 
 * :class:`TransactionContext` - subclassed by the application: partitioning, ``execute`` (may
   run many times), outcome callbacks and optional expiry;

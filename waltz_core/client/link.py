@@ -1,6 +1,6 @@
-"""The client's connections to one server (seed 001 "Client-Server Interactions").
+"""The client's connections to one server (Waltz design, "Client-Server Interactions").
 
-Two connections per server, as the seed says: the *stream* connection carries mounts, appends,
+Two connections per server, as the Waltz design says: the *stream* connection carries mounts, appends,
 flushes and the feed (ordered), the *RPC* connection carries transaction data and high-water
 mark requests (answers matched by ReqId, any order), so a large data fetch never delays the feed.
 

@@ -1,4 +1,4 @@
-"""The transaction monitor of one partition (seed 001 "Detection of Failed Append Requests").
+"""The transaction monitor of one partition (Waltz design, "Detection of Failed Append Requests").
 
 Pure bookkeeping, no I/O, no clock of its own (times are passed in): the client's event loop
 calls it when it sends an append and when the stream tells something about one.

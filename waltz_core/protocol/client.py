@@ -1,4 +1,4 @@
-"""Client <-> server messages (seed 001 "Client-Server Communication"; original codec V4).
+"""Client <-> server messages (Waltz design, "Client-Server Communication"; original codec V4).
 
 Every payload starts with ``byte type`` then the 16-byte :class:`ReqId`. Stream connections
 carry mount/append/feed/flush/lock-failure; RPC connections carry transaction data, high-water

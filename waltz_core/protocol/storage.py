@@ -1,4 +1,4 @@
-"""Server <-> storage messages: the seed's ten request/response patterns.
+"""Server <-> storage messages: the original Waltz's ten request/response patterns.
 
 Every payload starts with ``byte type, long session_id, long seq_num, int partition_id``. The
 open request uses -1 for all three. Failures carry the error class name and a message so the

@@ -49,7 +49,7 @@ def crc32(data: bytes | bytearray | memoryview) -> int:
 
 @attrs.frozen(slots=True)
 class ReqId:
-    """Request id (seed: client id, generation, partition id, sequence number; 16 bytes on the wire)."""
+    """Request id (client id, generation, partition id, sequence number; 16 bytes on the wire)."""
 
     client_id: int
     generation: int

@@ -78,7 +78,7 @@ class ClientLink:
         if len(self._buffer) >= self._high:
             self._writable.clear()
 
-    # Inbound back pressure (seed "Back Pressure"): messages of this connection waiting in partition
+    # Inbound back pressure (Waltz design, "Back Pressure"): messages of this connection waiting in partition
     # queues are counted; above the high-water mark the reader stops reading this connection.
     def inbound_added(self) -> None:
         self._inbound += 1

@@ -1,4 +1,4 @@
-"""A partition as its owning server runs it (seed 000 "Partition Object").
+"""A partition as its owning server runs it (Waltz design, "Partition Object").
 
 One append task per partition takes appends, flushes and mounts from a bounded queue in
 arrival order (ordering is what makes mounts and flushes meaningful), checks the lock table,

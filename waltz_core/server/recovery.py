@@ -1,6 +1,6 @@
-"""Recovery of a partition at the start of every store session (seed 000 "Recovery Procedure").
+"""Recovery of a partition at the start of every store session (Waltz design, "Recovery Procedure").
 
-Run before any write of a new session, exactly as the seed lays out, per reachable replica (all
+Run before any write of a new session, exactly as the Waltz design lays out, per reachable replica (all
 replicas at once; recovery goes on as soon as the replicas that answered decide the vote, so a
 replica whose host vanished costs nothing but its absence):
 
@@ -16,7 +16,7 @@ most advanced one catch up from it (every reachable replica holds a prefix of th
 sequence after steps 2-4), offline replicas are retried, and the vote is re-evaluated on every
 change. Once decided at ``H``: replicas above ``H`` are truncated (dirty transactions), replicas
 below catch up, each replica at ``H`` gets the low-water mark ``H`` under the new session id,
-and the new replica states follow the seed's step 6.
+and the new replica states follow step 6 of the Waltz design's recovery.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ class Recovery:
         return RecoveryResult(hwm, frozenset(clean), lagging, self.new_states(clean, hwm))
 
     def new_states(self, clean: set[str], hwm: int) -> dict[str, ReplicaState]:
-        """Step 6 of the seed: the replica states written to the partition metadata."""
+        """Step 6 of the Waltz design's recovery: the replica states written to the partition metadata."""
         out: dict[str, ReplicaState] = {}
         for endpoint in self.assigned:
             old = self.states.get(endpoint)

@@ -9,7 +9,7 @@ commits when a majority of replicas acknowledged it; commits are reported to the
 transaction-id order.
 
 A replica that fails leaves the session, and the store starts a new session with recovery (the
-seed: no rejoin; pending appends are resolved by the recovery's high-water mark). A replica that
+Waltz design: no rejoin; pending appends are resolved by the recovery's high-water mark). A replica that
 is behind when the session starts catches up inside the session, reading from a peer what the
 session no longer buffers, and is recorded as engaged once it reached the session's start.
 Every ``checkpoint_interval`` transactions the store rolls over to a new session after draining,
@@ -76,7 +76,7 @@ PROBE_INTERVAL = 1.0
 class ReplicationBudget:
     """Bytes of committed records the stores of one server keep for replicas that are behind
     (``server.replication_buffer_budget``), shared evenly by the stores open: a replica further
-    behind than its partition's share reads from its peers instead (seed: "falling behind").
+    behind than its partition's share reads from its peers instead (Waltz design, "falling behind").
     Records not yet committed are always kept: the in-flight window bounds them."""
 
     __slots__ = ("limit", "stores")
@@ -108,7 +108,7 @@ class _ReplicaSession:
         try:
             while True:
                 if not self.clean and self.acked == s.start_high_water_mark:
-                    # Caught up to the session start: join it (seed step 6 for a late replica). Its
+                    # Caught up to the session start: join it (recovery step 6 of the Waltz design, for a late replica). Its
                     # acknowledgements count only once the partition metadata says it is engaged in
                     # this session: recovery takes a replica it does not find there for inconsistent
                     # and counts only its low-water mark, so a commit it had helped make could be lost.
@@ -213,7 +213,7 @@ class StoreSession:
     def _trim(self) -> None:
         # Keep what a streaming replica still needs, within this partition's share of the
         # server's replication budget: a replica further behind is "falling behind" and catches
-        # up from its peers instead (seed: Store Partition Object). Uncommitted records stay.
+        # up from its peers instead (Waltz design, "Store Partition Object"). Uncommitted records stay.
         low = min((r.acked for r in self.replicas.values() if r.clean), default=self.committed)
         share = self.store.replication_budget.share
         buf = self._buffer

@@ -1,4 +1,4 @@
-"""The closing high-water-mark vote of recovery (seed 000/001, "Quorum Checking in the Recovery Process").
+"""The closing high-water-mark vote of recovery (Waltz design, "Quorum Checking in the Recovery Process").
 
 Pure logic, no I/O. Each reachable replica votes with the highest transaction id it holds
 (after any truncation recovery already applied to it); a replica holding ``X`` votes for every

@@ -1,4 +1,4 @@
-"""On-disk structures of the ``segmented`` layout (seed 001 "On Disk Data Structures"), sans-IO.
+"""On-disk structures of the ``segmented`` layout (Waltz design, "On Disk Data Structures"), sans-IO.
 
 Pure encode/decode of the byte formats; the layout (:mod:`.segmented`) and the offline disk
 tools both use these, so what the node writes is exactly what the tools read. Big-endian.
@@ -24,7 +24,7 @@ Segment data file ``<first txn id %019d>.seq`` and index file ``.idx``::
 The record layout is :data:`waltz_core.protocol.wire.STORED_RECORD_HEAD`: storage appends carry
 records in it (:class:`~waltz_core.protocol.wire.RecordBatch`), so a node writes them unchanged.
 
-The header CRCs and the index checkpoint count live in the seed's "reserved" bytes.
+The header CRCs and the index checkpoint count live in the original format's "reserved" bytes.
 """
 
 from __future__ import annotations

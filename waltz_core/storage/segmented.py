@@ -1,4 +1,4 @@
-"""The ``segmented`` storage layout: the seed's control file, ``.seq`` data and ``.idx`` index segments.
+"""The ``segmented`` storage layout: the original Waltz's control file, ``.seq`` data and ``.idx`` index segments.
 
 Durability rules (what a crash may leave and how opening repairs it):
 

@@ -2,7 +2,7 @@
 
 It speaks the client protocol directly (no client library): finds the partition's server in the
 coordination assignment, mounts from what it has read, appends, and decides the fate of its
-appends the way the seed says (a flush answered and the feed read up to its high-water mark:
+appends the way the Waltz design says (a flush answered and the feed read up to its high-water mark:
 whatever was sent before the flush and did not show up in the feed failed). It reconnects and
 remounts across server and storage failures. The feed it reads is kept whole, so tests can check
 gap-free ids and exactly-once commits.
