@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh machine for this repository (Debian/Ubuntu, Python >= 3.11).
-#   scripts/bootstrap.sh            everything the tests need (ZooKeeper, etcd, Java, PySpark, test tools)
+#   scripts/bootstrap.sh            everything the tests need (ZooKeeper, etcd, Java, promtool, PySpark, test tools)
 #   scripts/bootstrap.sh --minimal  only what the demo needs (no servers, no Spark)
 # It creates .venv (or $VENV) and installs waltz-core and every plugin from this checkout, editable.
 set -euo pipefail
@@ -17,6 +17,7 @@ if [ "$MINIMAL" = 0 ]; then
   [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
   command -v etcd >/dev/null || need+=(etcd-server etcd-client)
   command -v java >/dev/null || need+=(default-jre-headless)
+  command -v promtool >/dev/null || need+=(prometheus)  # promtool: tests/test_metrics_exposition.py lints /metrics
   if [ ${#need[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need[*]} (apt)"
     export DEBIAN_FRONTEND=noninteractive

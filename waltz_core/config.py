@@ -113,7 +113,7 @@ class CoordinationConfig:
 
 @attrs.frozen
 class HttpConfig:
-    """The optional HTTP endpoint (/ping, /health, /metrics, /buildinfo)."""
+    """The optional HTTP endpoint (/ping, /livez, /readyz, /health, /metrics, /buildinfo)."""
 
     port: int = key(0, "HTTP port; 0 disables the endpoint.", validator=PORT)
     host: str = key("127.0.0.1", "Address the HTTP endpoint binds to.")

@@ -1,13 +1,21 @@
-"""A tiny asyncio HTTP/1.1 endpoint: ``/ping``, ``/health``, ``/metrics``, ``/buildinfo`` plus extra routes.
+"""A tiny asyncio HTTP/1.1 endpoint: ``/livez``, ``/readyz``, ``/health``, ``/metrics``, ``/buildinfo`` and more.
 
 Shared by the storage node and the Waltz server (original: Jetty with riff servlets). One
 request per connection (``Connection: close``), GET/HEAD only, bounded request head; a bad
 request gets a 400 and never disturbs the process. Runs on the caller's event loop.
 
 * ``/ping`` -> ``pong``;
-* ``/health`` -> JSON ``{"healthy": bool, ...details}``, 200 when healthy, 500 otherwise
-  (``?pretty=true`` indents);
-* ``/metrics`` -> Prometheus text exposition of a :class:`~waltz_core.metrics.MetricsRegistry`;
+* ``/livez`` -> JSON ``{"alive": true}``, always 200: answering at all proves the event loop
+  serves, which is all liveness means (a restart would not fix a broken partition or a lost
+  quorum). For a Kubernetes ``livenessProbe``;
+* ``/readyz`` -> JSON ``{"ready": bool, "reasons": [...], ...details}``, 200 when the process can
+  do its job, 503 with the reasons when it cannot (the ``health`` check of the process). For a
+  Kubernetes ``readinessProbe`` and load balancers;
+* ``/health`` -> the same check as ``/readyz`` under its older name and body key
+  (``{"healthy": bool, ...}``), 200 or 503;
+* ``?pretty=true`` indents the JSON of these three;
+* ``/metrics`` -> Prometheus text exposition (0.0.4) of a :class:`~waltz_core.metrics.MetricsRegistry`,
+  plus ``process_*`` and ``waltz_build_info``;
 * ``/buildinfo`` -> JSON ``{"version", "service_name"}``.
 """
 
@@ -22,12 +30,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
-from .metrics import MetricsRegistry
+from .metrics import MetricsRegistry, process_registry
 
 log = logging.getLogger("waltz.http")
 
 MAX_HEAD = 16 * 1024
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+            503: "Service Unavailable"}
 
 
 @attrs.frozen(slots=True)
@@ -60,16 +69,27 @@ def _log_bad_request(writer: asyncio.StreamWriter, exc: BaseException) -> None:
     log.warning("http: bad request from %s: %s; answered 400 and closed", where, why)
 
 
+def _json(status: int, obj: Mapping[str, Any], query: Mapping[str, list[str]]) -> HttpResponse:
+    indent = 2 if query.get("pretty", ["false"])[0] == "true" else None
+    return HttpResponse(status, json.dumps(obj, indent=indent, default=str).encode() + b"\n", "application/json")
+
+
 class HttpEndpoint:
-    """Serve the standard routes plus ``routes`` (path -> async handler(query) -> HttpResponse)."""
+    """Serve the standard routes plus ``routes`` (path -> async handler(query) -> HttpResponse).
+
+    ``health`` is the readiness check of the process: ``(ready, details)``, where details name in
+    ``reasons`` what is missing; ``/readyz`` and ``/health`` answer it, ``/livez`` never calls it.
+    """
 
     def __init__(self, *, service_name: str, version: str, metrics: MetricsRegistry | None = None,
                  health: HealthCheck | None = None, routes: Mapping[str, Route] | None = None) -> None:
         self.service_name = service_name
         self.version = version
         self.metrics = metrics
+        self._process_metrics = process_registry(service_name, version)
         self.health = health
-        self.routes: dict[str, Route] = {"/ping": self._ping, "/health": self._health, "/metrics": self._metrics,
+        self.routes: dict[str, Route] = {"/ping": self._ping, "/livez": self._livez, "/readyz": self._readyz,
+                                         "/health": self._health, "/metrics": self._metrics,
                                          "/buildinfo": self._buildinfo}
         self.routes.update(routes or {})
         self._server: asyncio.Server | None = None
@@ -128,14 +148,23 @@ class HttpEndpoint:
     async def _ping(self, _query: Mapping[str, list[str]]) -> HttpResponse:
         return HttpResponse(200, b"pong\n")
 
+    async def _livez(self, query: Mapping[str, list[str]]) -> HttpResponse:
+        return _json(200, {"alive": True}, query)
+
+    async def _readyz(self, query: Mapping[str, list[str]]) -> HttpResponse:
+        return self._check("ready", query)
+
     async def _health(self, query: Mapping[str, list[str]]) -> HttpResponse:
-        healthy, details = self.health() if self.health is not None else (True, {})
-        indent = 2 if query.get("pretty", ["false"])[0] == "true" else None
-        body = json.dumps({"healthy": healthy, **details}, indent=indent, default=str).encode() + b"\n"
-        return HttpResponse(200 if healthy else 500, body, "application/json")
+        return self._check("healthy", query)
+
+    def _check(self, key: str, query: Mapping[str, list[str]]) -> HttpResponse:
+        """The health check as JSON under ``key``: 200, or 503 (unavailable: try again later) when it fails."""
+        ok, details = self.health() if self.health is not None else (True, {})
+        return _json(200 if ok else 503, {key: ok, **details}, query)
 
     async def _metrics(self, _query: Mapping[str, list[str]]) -> HttpResponse:
         text = self.metrics.render_prometheus() if self.metrics is not None else ""
+        text += self._process_metrics.render_prometheus()
         return HttpResponse(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     async def _buildinfo(self, _query: Mapping[str, list[str]]) -> HttpResponse:

@@ -5,12 +5,21 @@ object should be updated from one thread (a partition's worker, or the event loo
 rendering may come from any thread and see a value at most one update old. Metrics are
 identified by name plus a fixed label set given at creation; look them up once and keep the
 object, never per event.
+
+The text is exposition format 0.0.4 as ``promtool check metrics`` and prometheus_client's parser
+want it: a counter created as ``x`` is the family ``x_total`` (``# TYPE x_total counter``, sample
+``x_total``), so no counter may be named ``..._total`` and no other metric either; every family
+has a ``# HELP`` line.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import os
+import re
+import resource
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
@@ -29,29 +38,44 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _escape_help(value: str) -> str:
+    """HELP text escapes only backslash and newline (a ``\\"`` there would be read literally)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _num(v: float) -> str:
     if isinstance(v, int):
         return str(v)
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
     return repr(float(v))
 
 
-class Counter:
-    """A monotonically increasing count."""
+_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # ":" is for recording rules
 
-    __slots__ = ("labels", "value")
+
+class Counter:
+    """A monotonically increasing count, incremented or read from a callback at render time (a
+    count the owner keeps as a plain int anyway)."""
+
+    __slots__ = ("labels", "value", "_fn")
     kind = "counter"
 
-    def __init__(self, labels: Mapping[str, str]) -> None:
+    def __init__(self, labels: Mapping[str, str], fn: Callable[[], float] | None = None) -> None:
         self.labels = dict(labels)
-        self.value = 0
+        self.value: float = 0
+        self._fn = fn
 
     def inc(self, n: int = 1) -> None:
         self.value += n
 
+    def read(self) -> float:
+        return self._fn() if self._fn is not None else self.value
+
     def samples(self, name: str) -> Iterable[tuple[str, str, float]]:
-        yield name + "_total", _labels_text(self.labels), self.value
+        yield name, _labels_text(self.labels), self.read()
 
 
 class Gauge:
@@ -109,7 +133,7 @@ class Histogram:
         cumulative = 0
         for bound, n in zip(self.bounds + (math.inf,), self.counts):
             cumulative += n
-            yield name + "_bucket", _labels_text(self.labels, f'le="{_num(bound)}"'), cumulative
+            yield name + "_bucket", _labels_text(self.labels, f'le="{_num(float(bound))}"'), cumulative
         yield name + "_sum", _labels_text(self.labels), self.sum
         yield name + "_count", _labels_text(self.labels), self.count
 
@@ -118,7 +142,11 @@ Metric = Counter | Gauge | Histogram
 
 
 class MetricsRegistry:
-    """Named metric families. Creating the same name and labels twice returns the same object."""
+    """Named metric families. Creating the same name and labels twice returns the same object.
+
+    Family names are ``<prefix>_<name>``; the text format adds ``_total`` to a counter's (the JSON
+    snapshot does not).
+    """
 
     def __init__(self, prefix: str = "waltz") -> None:
         self.prefix = prefix
@@ -128,6 +156,9 @@ class MetricsRegistry:
         full = f"{self.prefix}_{name}" if self.prefix else name
         family = self._families.get(full)
         if family is None:
+            if not _NAME.fullmatch(full) or full.endswith("_total"):
+                raise ValueError(f"bad metric name {full!r}: letters, digits and _ only, and no _total suffix "
+                                 "(a counter gets it when rendered; anything else must not have it)")
             family = (kind, help, {})
             self._families[full] = family
         elif family[0] != kind:
@@ -139,8 +170,9 @@ class MetricsRegistry:
             family[2][key] = metric
         return metric
 
-    def counter(self, name: str, help: str = "", labels: Mapping[str, str] | None = None) -> Counter:
-        return self._get("counter", name, help, labels, lambda: Counter(labels or {}))  # type: ignore[return-value]
+    def counter(self, name: str, help: str = "", labels: Mapping[str, str] | None = None,
+                fn: Callable[[], float] | None = None) -> Counter:
+        return self._get("counter", name, help, labels, lambda: Counter(labels or {}, fn))  # type: ignore[return-value]
 
     def gauge(self, name: str, help: str = "", labels: Mapping[str, str] | None = None,
               fn: Callable[[], float] | None = None) -> Gauge:
@@ -158,18 +190,19 @@ class MetricsRegistry:
                 del metrics[key]
 
     def render_prometheus(self) -> str:
-        """Prometheus text exposition format 0.0.4."""
+        """Prometheus text exposition format 0.0.4 ("" when there is nothing to show)."""
         lines: list[str] = []
         for full, (kind, help, metrics) in sorted(self._families.items()):
             if not metrics:
                 continue
-            if help:
-                lines.append(f"# HELP {full} {_escape(help)}")
-            lines.append(f"# TYPE {full} {kind}")
+            name = full + "_total" if kind == "counter" else full
+            # promtool rejects a family without help; the name is better than nothing.
+            lines.append(f"# HELP {name} {_escape_help(help or full.replace('_', ' '))}")
+            lines.append(f"# TYPE {name} {kind}")
             for metric in list(metrics.values()):
-                for sample, labels, value in metric.samples(full):
+                for sample, labels, value in metric.samples(name):
                     lines.append(f"{sample}{labels} {_num(value)}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" if lines else ""
 
     def snapshot(self) -> dict[str, list[dict[str, object]]]:
         """A JSON-friendly view: name -> [{labels, value | count/sum/p50/p99}]."""
@@ -180,10 +213,43 @@ class MetricsRegistry:
                 row: dict[str, object] = {"labels": dict(m.labels)}
                 if isinstance(m, Histogram):
                     row.update(count=m.count, sum=m.sum, p50=m.quantile(0.5), p99=m.quantile(0.99))
-                elif isinstance(m, Gauge):
-                    row["value"] = m.read()
                 else:
-                    row["value"] = m.value
+                    row["value"] = m.read()
                 rows.append(row)
             out[full] = rows
         return out
+
+
+def _proc_stat() -> list[bytes]:
+    """The fields of /proc/self/stat after the command name (which may hold spaces and parens)."""
+    with open("/proc/self/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def process_registry(service: str, version: str) -> MetricsRegistry:
+    """``process_*`` (the names, types and units of prometheus_client's ProcessCollector, read
+    from /proc at render time) and ``waltz_build_info{service, version, python} 1``: what every
+    dashboard expects of a process, beside the process's own metrics. Without /proc (not
+    Linux) only the build info, CPU time and the descriptor limit."""
+    reg = MetricsRegistry(prefix="")
+    python = ".".join(map(str, sys.version_info[:3]))
+    reg.gauge("waltz_build_info", "Waltz build of this process (the value is always 1)",
+              {"service": service, "version": version, "python": python}).set(1)
+    reg.counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.",
+                fn=lambda: sum(os.times()[:2]))
+    reg.gauge("process_max_fds", "Maximum number of open file descriptors.",
+              fn=lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    try:
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        ticks = os.sysconf("SC_CLK_TCK")
+        start = boot + float(_proc_stat()[19]) / ticks
+    except (OSError, StopIteration, ValueError):
+        return reg
+    page = os.sysconf("SC_PAGESIZE")
+    reg.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.").set(start)
+    reg.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", fn=lambda: int(_proc_stat()[20]))
+    reg.gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
+              fn=lambda: int(_proc_stat()[21]) * page)
+    reg.gauge("process_open_fds", "Number of open file descriptors.", fn=lambda: len(os.listdir("/proc/self/fd")))
+    return reg

@@ -134,6 +134,30 @@ def test_up_with_zookeeper_and_validate(tmp_path: Path, zookeeper_server: ZooKee
     assert "stopped 4 processes" in stop.stdout
 
 
+def test_up_picks_backends_by_name(tmp_path: Path) -> None:
+    """`waltz up --transport` takes any installed transport (zmq here); an unknown backend name is
+    one clear line naming what is installed, and nothing is created."""
+    data = tmp_path / "zmq-data"
+    up = waltz("up", "--background", "--data-dir", str(data), "--transport", "zmq", "--partitions", "2")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert 'name = "zmq"' in (data / "client.toml").read_text()
+        bank = waltz("demo", "bank", "--auto", "30", "--data-dir", str(data))
+        assert bank.returncode == 0, bank.stdout + bank.stderr
+        other = waltz("up", "--background", "--data-dir", str(data), "--transport", "tcp")
+        assert other.returncode == 1 and "was created with the zmq transport" in other.stderr, other.stderr
+    finally:
+        stop = waltz("up", "--stop", "--data-dir", str(data))
+    assert "stopped 4 processes" in stop.stdout
+    for flag, kind in (("--transport", "transport"), ("--coordination", "coordination")):
+        bad = waltz("up", "--background", "--data-dir", str(tmp_path / "bad"), flag, "nosuch", "--connect", "x:1")
+        assert bad.returncode == 1, bad.stderr
+        assert bad.stderr.startswith(f"error: {kind} 'nosuch' not found; installed: "), bad.stderr
+        assert not (tmp_path / "bad").exists()
+    third_party = waltz("smoketest", "--coordination", "nosuch", "--duration", "1")
+    assert third_party.returncode == 1 and "coordination 'nosuch' not found" in third_party.stderr
+
+
 def test_demo_quickstart_as_the_readme_says(tmp_path: Path) -> None:
     t0 = time.monotonic()
     env = {**os.environ, "TMPDIR": str(tmp_path)}

@@ -44,11 +44,11 @@ async def test_routes_health_metrics_buildinfo() -> None:
         assert status == 200
         assert 'waltz_requests_total{partition="1"} 3' in text
         assert 'waltz_latency_seconds_bucket{le="0.005"} 1' in text and "waltz_latency_seconds_count 1" in text
-        assert "# TYPE waltz_requests counter" in text
+        assert "# TYPE waltz_requests_total counter" in text
         status, body = await _get(ep.address, _req("/health?pretty=true"))
         assert status == 200 and json.loads(body) == {"healthy": True, "partitions": 2}
         healthy["ok"] = False
-        assert (await _get(ep.address, _req("/health")))[0] == 500
+        assert (await _get(ep.address, _req("/health")))[0] == 503
         status, body = await _get(ep.address, _req("/buildinfo"))
         assert json.loads(body) == {"version": "9.9", "service_name": "waltz-storage"}
         assert await _get(ep.address, _req("/extra")) == (200, b"extra\n")

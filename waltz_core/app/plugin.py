@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ..cli.logs import log_format_option
 from ..cli.output import echo_json, json_option
 from ..cli.params import partition_ids_callback
 from ..hookspecs import hookimpl
@@ -45,17 +46,22 @@ def _client_config(config_path: str | None, data_dir: Path) -> Any:
 @_data_dir_option
 @click.option("--partitions", type=click.IntRange(1), default=4, show_default=True, help="Partitions of a new cluster.")
 @click.option("--servers", type=click.IntRange(1), default=1, show_default=True, help="Servers of a new cluster.")
-@click.option("--coordination", type=click.Choice(["local", "zookeeper", "etcd"]), default="local", show_default=True,
-              help="Coordination: embedded `local` (SQLite file in the data dir) or a running service.")
-@click.option("--connect", help="Connect string of ZooKeeper/etcd (host:port,...).")
+@click.option("--coordination", default="local", show_default=True, metavar="NAME",
+              help="Coordination backend by name: embedded `local` (SQLite file in the data dir), or any installed "
+                   "backend of a running service (zookeeper, etcd, a plugin's; `waltz plugins`) with --connect.")
+@click.option("--connect", help="Connect string of the coordination service (host:port,...).")
+@click.option("--transport", default=None, metavar="NAME",
+              help="Transport backend by name (tcp, zmq, a plugin's; `waltz plugins`) of a new cluster  [default: tcp]")
 @click.option("--root", default="/waltz", show_default=True, help="Cluster root in the coordination service.")
 @click.option("--background", is_flag=True, help="Start and return; stop later with `waltz up --stop`.")
 @click.option("--stop", is_flag=True, help="Stop the --background cluster of --data-dir.")
 @click.option("--ready-timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for every partition.")
 @click.option("--secure", is_flag=True, help="Mutual TLS on every link: a development CA and certificates are written "
                                              "to <data-dir>/certs (docs/security.md).")
-def up_command(data_dir: Path, partitions: int, servers: int, coordination: str, connect: str | None, root: str,
-               background: bool, stop: bool, ready_timeout: float, secure: bool) -> None:
+@log_format_option
+def up_command(data_dir: Path, partitions: int, servers: int, coordination: str, connect: str | None,
+               transport: str | None, root: str, background: bool, stop: bool, ready_timeout: float,
+               secure: bool) -> None:
     """Start a whole local cluster: 3 storage nodes, servers, coordination, TCP; data under --data-dir.
 
     Runs in the foreground until Ctrl-C (or SIGTERM), which stops every process cleanly. An
@@ -70,7 +76,8 @@ def up_command(data_dir: Path, partitions: int, servers: int, coordination: str,
         return
     cluster = LocalCluster(UpOptions(data_dir=data_dir, partitions=partitions, servers=servers,
                                      coordination=coordination, connect=connect, root=root,
-                                     ready_timeout=ready_timeout, secure=secure), echo=click.echo)
+                                     ready_timeout=ready_timeout, secure=secure, transport=transport),
+                           echo=click.echo)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -29,6 +29,7 @@ from ..client.core import AsyncWaltzClient
 from ..config import ClientProcessConfig, CoordinationConfig
 from ..errors import ClientError, ConfigError, WaltzError
 from ..local_cluster import ClusterSpec, ProcessCluster
+from ..plugins import default_registries
 
 PID_FILE = "waltz-up.pids"
 
@@ -44,7 +45,8 @@ class UpOptions:
     coordination: str = "local"
     connect: str | None = None
     root: str = "/waltz"
-    transport: str = "tcp"
+    #: transport backend by name; None: the one the cluster was created with (``tcp`` for a new one)
+    transport: str | None = None
     ready_timeout: float = 60.0
     #: every link with mutual TLS: a CA, a node and a client certificate under <data-dir>/certs
     secure: bool = False
@@ -111,6 +113,11 @@ class LocalCluster:
         loaded = ClusterSpec.load(data_dir)
         self.reused = loaded is not None
         if loaded is None:
+            options = attrs.evolve(options, transport=options.transport or "tcp")
+            # Backends are named, not listed: any installed one, a plugin's too; a clear error otherwise.
+            registries = default_registries()
+            registries.resolve("transport", options.transport)
+            registries.resolve("coordination", options.coordination)
             node_tls, client_tls = _secure_options(data_dir, options) if options.secure else ({}, None)
             self.spec = ClusterSpec(data_dir, num_partitions=options.partitions, num_storages=options.storages,
                                     num_servers=options.servers, transport=options.transport,
@@ -120,6 +127,9 @@ class LocalCluster:
             if options.secure and not loaded.transport_options.get("tls_ca"):
                 raise ConfigError(f"the cluster in {data_dir} was created without --secure; give another --data-dir "
                                   "(or delete this one) for a cluster with TLS")
+            if options.transport is not None and options.transport != loaded.transport:
+                raise ConfigError(f"the cluster in {data_dir} was created with the {loaded.transport} transport; give "
+                                  f"another --data-dir (or delete this one) for a cluster on {options.transport}")
             self.spec = loaded
             if (loaded.num_partitions, loaded.num_servers) != (options.partitions, options.servers):
                 echo(f"reusing the cluster in {data_dir} as it was created: {loaded.num_partitions} partitions, "

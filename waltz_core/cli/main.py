@@ -2,7 +2,9 @@
 
 The group is built from plugins: every ``waltz_add_commands`` implementation (built-ins first)
 adds its subcommands. A :class:`~waltz_core.errors.WaltzError` ends the command with one clear
-line on stderr and exit status 1, never a traceback (``WALTZ_DEBUG=1`` shows it).
+line on stderr and exit status 1, never a traceback (``WALTZ_DEBUG=1`` shows it). With
+``--log-format json`` that line, and an unexpected error with its traceback, is a JSON log line
+like every other line on stderr (see :mod:`.logs`).
 """
 
 from __future__ import annotations
@@ -15,16 +17,22 @@ import click
 
 from ..errors import WaltzError
 from ..plugins import core_version, get_plugin_manager
+from .logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging, json_logging
+
+log = logging.getLogger("waltz")
 
 
 def build_cli() -> click.Group:
     @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
     @click.version_option(core_version(), prog_name="waltz")
     @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-    def cli(verbose: int) -> None:
+    @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+                  envvar=LOG_FORMAT_ENV, show_envvar=True,
+                  help="Log lines on stderr: text, or json (one object per line: ts, level, logger, msg, exc and "
+                       "extra fields) for log collectors. Processes started by the command inherit it.")
+    def cli(verbose: int, log_format: str) -> None:
         """Waltz: a distributed, replicated, partitioned write-ahead log with optimistic locking."""
-        level = logging.WARNING - 10 * min(verbose, 2)
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        configure_logging(logging.WARNING - 10 * min(verbose, 2), log_format)
 
     pm = get_plugin_manager()
     # get_hookimpls() is in registration order (pluggy calls LIFO): built-ins are added first.
@@ -52,7 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     except WaltzError as exc:
         if os.environ.get("WALTZ_DEBUG"):
             raise
-        click.echo(f"error: {exc}", err=True)
+        if json_logging():
+            log.error("%s", exc)
+        else:
+            click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception:
+        if not json_logging():
+            raise
+        log.critical("unexpected error", exc_info=True)
+        sys.exit(1)

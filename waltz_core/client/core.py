@@ -45,6 +45,7 @@ from ..errors import (
     TransportError,
 )
 from ..inbox import Inbox
+from ..metrics import MetricsRegistry
 from ..plugins import Registries, core_version
 from ..protocol import client as m
 from ..protocol.wire import ReqId
@@ -203,6 +204,18 @@ class AsyncWaltzClient:
         self._loop_thread_id: int | None = None
         self._transport: Any = None
         self._data_reader = DataReader(self)  #: data fetches: ranges and the sequential read-ahead
+        #: this client's own metrics (``waltz_client_*``); an application exposes them with
+        #: ``client.metrics.render_prometheus()``. Updated only where the event already costs work
+        #: (a lock failure, a retry, an own commit); gauges are read when rendered.
+        self.metrics = MetricsRegistry("waltz_client")
+        self._m_lock_failures = self.metrics.counter(
+            "lock_failures", "Appends of this client rejected by a server's lock table")
+        self._m_retries = self.metrics.counter(
+            "retries", "Transactions queued for re-execution (append failed or lock-failed)")
+        self._m_commit_latency = self.metrics.histogram(
+            "commit_latency_seconds", "Seconds from sending an append to seeing it committed in the feed")
+        self.metrics.gauge("pending_appends", "Appends in flight, waiting for a lock retry or for re-execution",
+                           fn=self._pending_count)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -308,6 +321,8 @@ class AsyncWaltzClient:
             p.hwm = int(await self._dispatch.call(pid, self.callbacks.client_high_water_mark, pid))
             p.received = p.hwm
             self._partitions[pid] = p
+            self.metrics.gauge("high_water_mark", "Client high-water mark: the last transaction applied",
+                               {"partition": str(pid)}, fn=lambda p=p: p.hwm)
             assert self._loop is not None
             p.consumer = self._loop.create_task(self._consume(p), name=f"waltz-client-apply-p{pid}")
             self._bind(p, self._owners.get(pid))
@@ -325,6 +340,7 @@ class AsyncWaltzClient:
         p.feed.clear()  # a stream reader waiting for room must not wait for a consumer that is gone
         self._unbind(p)
         self._data_reader.forget(p.id)
+        self.metrics.remove({"partition": str(p.id)})
 
     # ---------------------------------------------------------------------- assignment / mount
 
@@ -448,6 +464,7 @@ class AsyncWaltzClient:
             if entry is not None:
                 own = p.own[tid] = _Own(entry.context)
                 p.release_slot()
+                self._m_commit_latency.observe(time.monotonic() - entry.registered)
             if failed:
                 self._fail(p, failed)
             if own is None:
@@ -483,6 +500,7 @@ class AsyncWaltzClient:
         if entry is None:
             return
         p.release_slot()
+        self._m_lock_failures.inc()
         self._spawn(self._safe_retry_call(entry.context.on_lock_failure))
         if msg.transaction_id <= p.hwm:
             self._retry(entry)
@@ -550,6 +568,7 @@ class AsyncWaltzClient:
         assert self._retry_queue is not None
         if not self._closed:
             self._retry_queue.put_nowait((entry.context, entry.attempts))
+            self._m_retries.inc()
             self._ping()
 
     async def _acquire(self, pid: int, timeout: float | None) -> _Partition:
@@ -787,6 +806,11 @@ class AsyncWaltzClient:
             self._mount(p)
 
     # ----------------------------------------------------------------------------- queries
+
+    def _pending_count(self) -> int:
+        """For the pending-appends gauge, from any thread (the partition list is copied first)."""
+        queued = self._retry_queue.qsize() if self._retry_queue is not None else 0
+        return sum(len(p.monitor) + len(p.lock_waits) for p in list(self._partitions.values())) + queued + self._retrying
 
     def has_pending(self) -> bool:
         """True while appends are in flight, waiting for a lock retry or queued for re-execution."""

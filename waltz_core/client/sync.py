@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from ..config import ClientProcessConfig
 from ..errors import ClientError
+from ..metrics import MetricsRegistry
 from ..plugins import Registries
 from .api import TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from .core import AsyncWaltzClient, _call_logged
@@ -141,6 +142,11 @@ class WaltzClient:
     @property
     def partitions(self) -> frozenset[int]:
         return self._core.partitions
+
+    @property
+    def metrics(self) -> MetricsRegistry:
+        """The client's ``waltz_client_*`` metrics (see :attr:`AsyncWaltzClient.metrics`)."""
+        return self._core.metrics
 
     @property
     def async_client(self) -> AsyncWaltzClient:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..cli.logs import log_format_option
 from ..hookspecs import hookimpl
 
 T = TypeVar("T")
@@ -156,6 +157,7 @@ def perf_group() -> None:
               help="Write the latency distribution as PNG (needs matplotlib).")
 @click.option("--profile-server", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
               help="With --local: py-spy record the server during the measured window (collapsed stacks).")
+@log_format_option
 def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[str, ...], as_json: bool, txn_size: int,
                     clients: int, in_flight: int, rate: float | None, partitions: int, lock_pool: int, duration: float,
                     count: int | None, warmup: float, seed: int | None, plot_path: Path | None,
@@ -213,6 +215,7 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
               help="Data mode reads each transaction's data in order (Transaction.fetch_data); this overrides "
                    "client.data_read_ahead, the most transactions the client's read-ahead fetches per RPC "
                    "(default: the config's, 256). 0: one RPC per transaction.")
+@log_format_option
 def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[str, ...], as_json: bool, partition: int,
                     mode: str, populate: int, txn_size: int, limit: int | None, read_ahead: int | None) -> None:
     """Consumer benchmark from the start of a populated partition: headers/s and transactions/s with data."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..cli.logs import log_format_option
 from ..cli.output import console, echo_json, json_option, refused_flag
 from ..hookspecs import hookimpl
 
@@ -20,6 +21,7 @@ def server_group() -> None:
 @click.option("--http-port", type=int, help="Override http.port (0 disables HTTP).")
 @click.option("--insecure", is_flag=True, default=None,
               help="Allow plaintext links on an address other than loopback (security.insecure; docs/security.md).")
+@log_format_option
 def start(config_path: str | None, port: int | None, http_port: int | None, insecure: bool | None) -> None:
     """Start a server in the foreground; Ctrl-C / SIGTERM stops it cleanly.
 

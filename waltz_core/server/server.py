@@ -138,11 +138,17 @@ class WaltzServer:
         store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server,
                                 self.replication_budget)
         server_cfg, regs = self.config.server, self.registries
+        labels = {"partition": str(pid)}
         latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",
-                                         {"partition": str(pid)})
+                                         labels)
         partition = Partition(pid, generation, store, lambda hwm: open_lock_table(server_cfg, hwm, regs), server_cfg,
                               latency, max_frame_size=self.config.transport.max_frame_size,
                               budgets=(self.feed_budget, self.data_budget))
+        # The partition counts in plain ints on its append path; these read them at scrape time.
+        self.metrics.counter("appends", "Appends accepted (handed to the store) since the partition opened here",
+                             labels, fn=lambda: partition.appends)
+        self.metrics.counter("lock_failures", "Appends rejected by the lock table since the partition opened here",
+                             labels, fn=lambda: partition.lock_failures)
         self.partitions[pid] = partition
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
 
@@ -255,12 +261,23 @@ class WaltzServer:
     # ---------------------------------------------------------------------------- observability
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy when the coordination session is alive and every owned partition has a store session."""
+        """Ready (``/readyz``, ``/health``) when the coordination session is connected and every owned
+        partition is open, has a store session and reaches a quorum of its storage replicas: then
+        its appends can commit. ``reasons`` say what is missing."""
         from ..coordination.base import SessionState
 
-        coord_ok = self.coordination.session_state is SessionState.CONNECTED
-        parts = {str(pid): p.healthy for pid, p in sorted(self.partitions.items())}
-        return coord_ok and all(parts.values()), {"coordination": coord_ok, "partitions": parts}
+        state = self.coordination.session_state
+        reasons = ["server is stopping"] if self._closed else []
+        if state is not SessionState.CONNECTED:
+            reasons.append(f"coordination session is {state.value}")
+        reachable = {endpoint for endpoint, (up, _down_for, _error) in self.connector.health().items() if up}
+        parts: dict[str, bool] = {}
+        for pid, p in sorted(self.partitions.items()):
+            why = _not_ready(p, reachable)
+            parts[str(pid)] = why is None
+            if why is not None:
+                reasons.append(f"partition {pid} {why}")
+        return not reasons, {"coordination": state is SessionState.CONNECTED, "partitions": parts, "reasons": reasons}
 
     def _register_metrics(self) -> None:
         reg = self.metrics
@@ -290,8 +307,6 @@ class WaltzServer:
             for pid, p in list(self.partitions.items()):
                 labels = {"partition": str(pid)}
                 reg.gauge("high_water_mark", "Committed high-water mark", labels).set(p.high_water_mark)
-                reg.gauge("appends_total", "Appends accepted (handed to the store)", labels).set(p.appends)
-                reg.gauge("lock_failures_total", "Appends rejected by the lock table", labels).set(p.lock_failures)
                 reg.gauge("append_queue_size", "Appends waiting in the partition queue", labels).set(p.queue_size)
                 reg.gauge("pending_appends", "Appends in flight to storage", labels).set(p.pending_count)
                 reg.gauge("generation", "Partition generation", labels).set(p.generation)
@@ -301,6 +316,22 @@ class WaltzServer:
                 reg.gauge("commit_latency_p99_seconds", "p99 append-to-commit latency (recent)", labels).set(lat[1])
                 reg.gauge("feed_lag", "Largest feed lag over the partition's mounted clients", labels).set(p.max_feed_lag)
             await asyncio.sleep(1.0)
+
+
+def _not_ready(p: Partition, reachable: set[str]) -> str | None:
+    """Why partition ``p`` cannot commit appends now (``reachable``: the storage endpoints the
+    server is connected to), or None."""
+    if not p.ready:
+        return "is recovering (not open yet)"
+    if not p.healthy:
+        return "has no store session (a new one is starting)"
+    store = p.store
+    assert isinstance(store, ReplicatedStore) and store.session is not None  # built by _open_partition; healthy
+    session = store.session
+    up = len(reachable.intersection(session.assigned))
+    if up < session.quorum:
+        return f"reaches {up} of its {len(session.assigned)} storage replicas; a commit needs {session.quorum}"
+    return None
 
 
 async def run_server(config: ServerProcessConfig, stop: asyncio.Event, *, announce: bool = True) -> None:

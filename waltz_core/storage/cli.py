@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ..cli.logs import log_format_option
 from ..cli.output import console, echo_json, json_option, refused_flag
 from ..cli.params import partition_ids, partition_ids_callback
 from ..errors import ConfigError, StorageError, WaltzError
@@ -71,6 +72,7 @@ def storage_group() -> None:
 @click.option("--num-partitions", type=click.IntRange(1), help="Partition count (default: read from coordination).")
 @click.option("--insecure", is_flag=True, default=None,
               help="Allow plaintext links on an address other than loopback (security.insecure; docs/security.md).")
+@log_format_option
 def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_partitions: int | None,
                   insecure: bool | None) -> None:
     """Start a storage node (data port, admin port, optional HTTP) and run until SIGTERM/SIGINT.

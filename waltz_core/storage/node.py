@@ -456,6 +456,8 @@ class StorageNode:
         self.name = name
         self.workers: list[PartitionWorker] = []
         self.repairs: list[Repair] = []
+        #: "starting" until :meth:`start` opened every partition, "serving", then "stopping" from :meth:`close`
+        self.state = "starting"
         self._connections: set[asyncio.Task[Any]] = set()
         self._m_connections = self.metrics.gauge("storage_connections", "Open data and admin connections.")
         self.metrics.gauge("storage_num_partitions", "Partitions of the cluster.", fn=lambda: self.num_partitions)
@@ -473,8 +475,10 @@ class StorageNode:
         self.repairs.extend(r for r in self.layout.repairs() if r not in self.repairs)
         for w in self.workers:
             w.start()
+        self.state = "serving"
 
     async def close(self) -> None:
+        self.state = "stopping"
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -482,8 +486,11 @@ class StorageNode:
         self.layout.close()
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
+        """Ready (``/readyz``): serving, and no partition refused to open; ``reasons`` say why not."""
         broken = {w.partition_id: str(w.error) for w in self.workers if w.error is not None}
-        return not broken, {"partitions": len(self.workers), "broken_partitions": broken}
+        reasons = [] if self.state == "serving" else [f"storage node is {self.state}"]
+        reasons += [f"partition {pid} is broken: {error}" for pid, error in broken.items()]
+        return not reasons, {"partitions": len(self.workers), "broken_partitions": broken, "reasons": reasons}
 
     def _worker(self, partition_id: int) -> PartitionWorker:
         if not 0 <= partition_id < len(self.workers):

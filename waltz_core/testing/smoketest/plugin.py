@@ -10,7 +10,12 @@ from typing import Any
 
 import click
 
+from ...cli.logs import log_format_option
 from ...hookspecs import hookimpl
+
+
+#: coordination the smoke test can run itself (``local``) or start as an ensemble of its own
+SELF_STARTED_COORDINATION = ("local", "zookeeper", "etcd")
 
 
 @click.command("smoketest")
@@ -23,9 +28,10 @@ from ...hookspecs import hookimpl
 @click.option("--storages", type=click.IntRange(3), default=3, show_default=True)
 @click.option("--locks", "accounts", type=click.IntRange(2, 1024), default=1000, show_default=True,
               help="Lock pool (bank accounts) per partition.")
-@click.option("--coordination", type=click.Choice(["local", "zookeeper", "etcd"]), default="local", show_default=True,
-              help="ZooKeeper/etcd are started by the test (and killed by the nemesis) unless --connect is given.")
-@click.option("--connect", help="An external ZooKeeper/etcd connect string (no coordination faults).")
+@click.option("--coordination", default="local", show_default=True, metavar="NAME",
+              help="Coordination backend by name (`waltz plugins`). ZooKeeper/etcd are started by the test (and "
+                   "killed by the nemesis) unless --connect is given; any other installed backend needs --connect.")
+@click.option("--connect", help="The connect string of an external coordination service (no coordination faults).")
 @click.option("--coordination-nodes", type=click.IntRange(1, 7), default=1, show_default=True,
               help="Members of the ZooKeeper/etcd ensemble the smoke test starts.")
 @click.option("--hosts", type=click.Choice(["loopback", "netns"]), default="loopback", show_default=True,
@@ -36,6 +42,7 @@ from ...hookspecs import hookimpl
 @click.option("--no-nemesis", is_flag=True, help="Load only, no faults.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               help="Working directory (cluster data, logs, history.jsonl); default: a new temporary one.")
+@log_format_option
 def smoketest_command(duration: float, min_faults: int, clients: int, partitions: int, servers: int, storages: int, accounts: int,
                       coordination: str, connect: str | None, coordination_nodes: int, hosts: str, seed: int,
                       no_nemesis: bool, directory: Path | None) -> None:
@@ -51,6 +58,12 @@ def smoketest_command(duration: float, min_faults: int, clients: int, partitions
 
     if hosts == "netns" and not netns_available():
         raise click.UsageError("--hosts netns needs root and iproute2's `ip` (it creates network namespaces)")
+    from ...plugins import default_registries
+
+    default_registries().resolve("coordination", coordination)  # any installed backend; a clear error otherwise
+    if coordination not in SELF_STARTED_COORDINATION and not connect:
+        raise click.UsageError(f"--coordination {coordination} needs --connect: the smoke test starts only local, "
+                               f"ZooKeeper and etcd coordination itself")
     if coordination_nodes > 1 and (coordination == "local" or connect):
         raise click.UsageError("--coordination-nodes applies to a ZooKeeper/etcd ensemble the smoke test starts "
                                "(--coordination zookeeper or etcd, without --connect)")
