@@ -136,7 +136,7 @@ def test_duplicate_registration_is_a_clear_plugin_error() -> None:
 def test_backend_names_must_be_identifiers(bad_name: str) -> None:
     class BadName:
         @hookimpl
-        def waltz_register_sinks(self, registry: Any) -> None:
+        def waltz_register_lock_tables(self, registry: Any) -> None:
             registry.add(bad_name, object)
 
     with pytest.raises(PluginError, match="is not a plain identifier"):

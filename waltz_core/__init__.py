@@ -2,7 +2,7 @@
 
 The core holds the hook specifications, the plugin manager, configuration, errors, the sans-IO
 protocol and the transport seam; backends (transports, coordination, storage layouts, lock
-tables, sinks) are plugins, the built-in ones registered like any other.
+tables) are plugins, the built-in ones registered like any other.
 """
 
 from __future__ import annotations

@@ -88,13 +88,17 @@ def waltz_register_coordination_backends(registry: Registry[Any]) -> None:
 
 @hookspec
 def waltz_register_storage_layouts(registry: Registry[Any]) -> None:
-    """Register on-disk storage layouts used by storage nodes (built-in: ``segmented``).
+    """Register storage layouts used by storage nodes (built-in: ``segmented`` on disk, ``memory``
+    for application tests).
 
     ``factory(directory, config)`` returns a :class:`waltz_core.storage.layout.StorageLayout`
     (not yet opened); ``config`` is the node's :class:`waltz_core.config.StorageNodeConfig`
     (segment size threshold, segment cache capacity, index checkpoint interval), from which a
     layout takes what it needs. A storage node touches its files only through the layout.
-    Same threading rules as ``waltz_register_transports``.
+    Layouts must pass the conformance kit
+    :class:`waltz_core.testing.conformance.storage_layout.StorageLayoutConformance`, declaring
+    the durability capabilities they have (crash points, torn tails, index rebuild, control-file
+    twins). Same threading rules as ``waltz_register_transports``.
     """
 
 
@@ -105,15 +109,6 @@ def waltz_register_lock_tables(registry: Registry[Any]) -> None:
     ``factory(options, high_water_mark)`` returns a :class:`waltz_core.locks.base.LockTable`
     for one partition, initialised so that every lock's estimate is ``high_water_mark``.
     A strategy must never report "safe" where the exact model reports a conflict.
-    """
-
-
-@hookspec
-def waltz_register_sinks(registry: Registry[Any]) -> None:
-    """Register sinks that move the committed log into other systems (for example ``spark``).
-
-    ``factory(options)`` returns an object documented by the sink itself; the core only lists
-    and resolves sinks by name (``waltz plugins`` shows them).
     """
 
 

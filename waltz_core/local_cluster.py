@@ -107,6 +107,8 @@ class ClusterSpec:
     coordination: CoordinationConfig | None = None
     cluster_name: str = "waltz-local"
     server_overrides: dict[str, Any] = attrs.Factory(dict)
+    #: ``[storage]`` keys of every storage node, e.g. ``{"layout": "memory"}`` for application tests
+    storage_overrides: dict[str, Any] = attrs.Factory(dict)
     http: bool = False
     host: str = "127.0.0.1"
     #: bind-and-advertise address per node name ("storage-0", "server-1"), for clusters whose
@@ -188,7 +190,7 @@ class ClusterSpec:
             host = self.node_hosts.get(name, self.host)
             path = self.directory / f"{name}.toml"
             data = {"storage": {"host": host, "port": port, "admin_port": admin,
-                                "directory": str(self.directory / name)},
+                                "directory": str(self.directory / name), **self.storage_overrides},
                     "http": self._http_section(host, http), **self._common(), **self._security()}
             path.write_text(to_toml(data))
             self.storages.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))

@@ -50,7 +50,6 @@ REGISTRY_HOOKS: dict[str, str] = {
     "coordination": "waltz_register_coordination_backends",
     "storage_layout": "waltz_register_storage_layouts",
     "lock_table": "waltz_register_lock_tables",
-    "sink": "waltz_register_sinks",
 }
 
 
@@ -169,7 +168,6 @@ class Registries:
     coordination: Registry[Any]
     storage_layout: Registry[Any]
     lock_table: Registry[Any]
-    sink: Registry[Any]
 
     def of(self, kind: str) -> Registry[Any]:
         try:

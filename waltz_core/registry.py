@@ -24,7 +24,6 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("transport", "zmq"): "waltz-transport-zmq (pip install 'waltz-core[zmq]')",
     ("coordination", "zookeeper"): "waltz-coord-zookeeper (pip install 'waltz-core[zookeeper]')",
     ("coordination", "etcd"): "waltz-coord-etcd (pip install 'waltz-core[etcd]')",
-    ("sink", "spark"): "waltz-spark (pip install 'waltz-core[spark]')",
 }
 
 

@@ -1,27 +1,15 @@
-"""Entry-point plugin module: the ``spark`` sink and the ``waltz spark ...`` commands.
+"""Entry-point plugin module: the ``waltz spark ...`` commands.
 
-Nothing here imports PySpark at import time (``waltz --help`` stays fast).
+The PySpark data source ``waltz`` is registered with a SparkSession, not with Waltz
+(:func:`waltz_spark.session.register`). Nothing here imports PySpark at import time (``waltz
+--help`` stays fast).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from waltz_core import hookimpl
-
-
-def _sink_factory(options: Any) -> Any:
-    """The ``spark`` sink: the data-source class to register with a SparkSession."""
-    from .source import WaltzDataSource
-
-    return WaltzDataSource
-
-
-@hookimpl
-def waltz_register_sinks(registry: Any) -> None:
-    registry.add("spark", _sink_factory, description="PySpark data source 'waltz': batch/stream reads, DataFrame sink")
 
 
 @click.group("spark")
