@@ -8,10 +8,12 @@ never modified, so other tests running at the same time do not see the demo plug
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,30 @@ def test_guide_plugin_builds_installs_and_passes_the_kits(tmp_path: Path) -> Non
                             text=True, env=env, cwd=tmp_path, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert '"uds"' in listed.stdout and '"sqlite-dir"' in listed.stdout, listed.stdout
+
+    # A whole cluster on the guide's backends, by name: every process loads the plugin through its
+    # entry point, listens on Unix sockets and registers those addresses in sqlite-dir coordination.
+    # (Sockets in the transport's default directory, named after the free ports `waltz up` took.)
+    data, sockets = tmp_path / "cluster", Path(tempfile.gettempdir())
+
+    def waltz(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "waltz_core.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=120)
+
+    up = waltz("up", "--background", "--data-dir", str(data), "--partitions", "2", "--transport", "uds",
+               "--coordination", "sqlite-dir", "--connect", str(tmp_path / "coord"))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        bank = waltz("demo", "bank", "--auto", "40", "--data-dir", str(data))
+        assert bank.returncode == 0, bank.stdout + bank.stderr
+        listing = waltz("cluster", "list", "--coordination", "sqlite-dir", "--connect", str(tmp_path / "coord"),
+                        "--json")
+        assert listing.returncode == 0, listing.stderr
+        registered = json.loads(listing.stdout)["replica_assignments"]
+        assert len(registered) == 3 and all(a.startswith(f"unix:{sockets}/") for a in registered), registered
+    finally:
+        stop = waltz("up", "--stop", "--data-dir", str(data))
+    assert "stopped 4 processes" in stop.stdout, stop.stdout + stop.stderr
 
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(project),

@@ -40,7 +40,7 @@ from .errors import ClusterNotFoundError
 from .plugins import default_registries
 from .protocol.wire import Record
 from .storage.client import StorageAdminClient
-from .transport import open_transport
+from .transport import listen_address, open_transport
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -139,12 +139,14 @@ class ClusterSpec:
             return None
         meta = tomllib.loads(marker.read_text()).get("cluster", {})
 
+        binds: dict[str, tuple[str, int]] = {}
+
         def nodes(prefix: str, section: str) -> list[NodeSpec]:
             out = []
             for path in sorted(directory.glob(f"{prefix}-*.toml"), key=lambda f: int(f.stem.rsplit("-", 1)[1])):
                 data = tomllib.loads(path.read_text())
-                node = data[section]
-                out.append(NodeSpec(path.stem, path, f"{node['host']}:{node['port']}", data.get("http", {}).get("port", 0)))
+                binds[path.stem] = (str(data[section]["host"]), int(data[section]["port"]))
+                out.append(NodeSpec(path.stem, path, "", data.get("http", {}).get("port", 0)))
             return out
 
         storages, servers = nodes("storage", "storage"), nodes("server", "server")
@@ -152,13 +154,17 @@ class ClusterSpec:
         first = tomllib.loads(storages[0].config_file.read_text()) if storages else {}
         node_options = dict(first.get("transport", {}).get(client.transport.name, {}))
         client_options = dict(client.transport.options.get(client.transport.name, {}))
-        return cls(directory, num_partitions=int(meta.get("num_partitions", 4)), num_storages=len(storages),
+        spec = cls(directory, num_partitions=int(meta.get("num_partitions", 4)), num_storages=len(storages),
                    num_servers=len(servers), transport=client.transport.name, transport_options=node_options,
                    client_transport_options=client_options if client_options != node_options else None,
                    coordination=client.coordination, cluster_name=str(meta.get("cluster_name", "waltz-local")),
                    http=any(n.http_port for n in storages + servers), host=str(first.get("storage", {}).get("host", "127.0.0.1")),
                    insecure=bool(first.get("security", {}).get("insecure", False)),
                    storages=storages, servers=servers)
+        address = spec._address_format()
+        for node in storages + servers:
+            node.address = address(*binds[node.name])
+        return spec
 
     # ---------------------------------------------------------------------------- config files
 
@@ -185,6 +191,7 @@ class ClusterSpec:
         ports = iter(free_ports(3 * self.num_storages + 2 * self.num_servers,
                                 "127.0.0.1" if self.node_hosts else self.host))
         self.storages, self.servers = [], []
+        address = self._address_format()
         for i in range(self.num_storages):
             name, (port, admin, http) = f"storage-{i}", (next(ports), next(ports), next(ports))
             host = self.node_hosts.get(name, self.host)
@@ -193,7 +200,7 @@ class ClusterSpec:
                                 "directory": str(self.directory / name), **self.storage_overrides},
                     "http": self._http_section(host, http), **self._common(), **self._security()}
             path.write_text(to_toml(data))
-            self.storages.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))
+            self.storages.append(NodeSpec(name, path, address(host, port), http if self.http else 0))
         for i in range(self.num_servers):
             name, (port, http) = f"server-{i}", (next(ports), next(ports))
             host = self.node_hosts.get(name, self.host)
@@ -201,7 +208,7 @@ class ClusterSpec:
             data = {"server": {"host": host, "port": port, **self.server_overrides},
                     "http": self._http_section(host, http), **self._common(), **self._security()}
             path.write_text(to_toml(data))
-            self.servers.append(NodeSpec(name, path, f"{host}:{port}", http if self.http else 0))
+            self.servers.append(NodeSpec(name, path, address(host, port), http if self.http else 0))
         (self.directory / "client.toml").write_text(to_toml({"client": {}, **self._common(client=True)}))
         (self.directory / "spec.toml").write_text(to_toml({"cluster": {
             "num_partitions": self.num_partitions, "cluster_name": self.cluster_name}}))
@@ -215,9 +222,15 @@ class ClusterSpec:
         # A node on a host of its own serves HTTP on that host's address (its loopback is its own).
         return {"port": port} if host == self.host else {"port": port, "host": host}
 
+    def _address_format(self) -> Callable[[str, int], str]:
+        """Addresses belong to the transport (``host:port``, ``unix:/path``): ask it. Only to
+        format addresses: a transport allocates nothing before its first connect or listen."""
+        transport = open_transport(build(TransportConfig, self._common()["transport"], "transport"))
+        return lambda host, port: listen_address(transport, host, port)
+
     def admin_address(self, i: int) -> str:
         cfg = self.storage_config(i)
-        return f"{cfg.storage.host}:{cfg.storage.admin_port}"
+        return self._address_format()(cfg.storage.host, cfg.storage.admin_port)
 
     def storage_config(self, i: int) -> StorageProcessConfig:
         import tomllib
@@ -257,8 +270,7 @@ class ClusterSpec:
             await create_cluster(backend, self.coordination.root, self.cluster_name, self.num_partitions)
             sm = StoreMetadata(backend, self.coordination.root)
             for i, node in enumerate(self.storages):
-                admin_port = self.storage_config(i).storage.admin_port
-                await sm.add_storage_node(node.address, admin_port, 0)
+                await sm.add_storage_node(node.address, self.admin_address(i), 0)
             for node in self.storages:
                 await sm.assign_partitions(node.address, range(self.num_partitions))
             return True

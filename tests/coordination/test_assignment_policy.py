@@ -12,7 +12,7 @@ from waltz_core.coordination.metadata import PartitionAssignment, ServerDescript
 
 
 def server(server_id: int, preferred: tuple[int, ...] = ()) -> ServerDescriptor:
-    return ServerDescriptor(host="127.0.0.1", port=5000 + server_id, preferred_partitions=preferred, server_id=server_id)
+    return ServerDescriptor(address=f"127.0.0.1:{5000 + server_id}", preferred_partitions=preferred, server_id=server_id)
 
 
 @st.composite

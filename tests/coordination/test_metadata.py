@@ -26,7 +26,8 @@ from waltz_core.errors import CoordinationError
 
 @pytest.mark.parametrize("value", [
     ClusterParams("prod", 8),
-    ServerDescriptor(host="h", port=1, preferred_partitions=[3, 1], server_id=4),
+    ServerDescriptor(address="h:1", preferred_partitions=[3, 1], server_id=4),
+    ServerDescriptor(address="unix:/run/waltz/server.sock", server_id=2),
     PartitionAssignment(3, [PartitionInfo(1, 2, 7, "h:1"), PartitionInfo(0, 0, None, None)]),
     StoreParams(uuid.uuid4(), 8),
     PartitionMetadata(5, 9, {"h:1": ReplicaState(9), "h:2": ReplicaState(8, 1234)}),
@@ -75,3 +76,11 @@ def test_bad_partition_ranges(text: str) -> None:
 def test_format_partition_ranges() -> None:
     assert format_partition_ranges([5, 0, 1, 2, 9, 10]) == "0-2,5,9-10"
     assert format_partition_ranges([]) == ""
+
+
+def test_server_descriptors_of_the_previous_release_still_read() -> None:
+    """0.1 wrote host and port only; the address is opaque now and written next to them."""
+    old = b'{"server_id": 3, "host": "10.1.2.3", "port": 55180, "preferred_partitions": [1]}'
+    assert decode("/k", old, ServerDescriptor.from_json) == ServerDescriptor("10.1.2.3:55180", (1,), 3)
+    assert ServerDescriptor("10.1.2.3:55180", (), 3).to_json()["host"] == "10.1.2.3"
+    assert "host" not in ServerDescriptor("unix:/run/waltz/server.sock").to_json()

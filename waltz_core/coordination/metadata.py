@@ -60,26 +60,31 @@ class ServerDescriptor:
     """A live Waltz server, registered as ``<root>/serverDescriptors/s_<seq>`` (ephemeral).
 
     ``server_id`` is ``-1`` until :class:`~waltz_core.coordination.recipes.ClusterManager`
-    allocates one at registration.
+    allocates one at registration. ``address`` is the server's listener address, opaque to the
+    core (``host:port`` for tcp and zmq, ``unix:/path`` for a plugin's transport).
     """
 
-    host: str
-    port: int
+    address: str
     preferred_partitions: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     server_id: int = -1
 
     @property
     def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
+        return self.address
 
     def to_json(self) -> dict[str, Any]:
-        return {"server_id": self.server_id, "host": self.host, "port": self.port,
-                "preferred_partitions": list(self.preferred_partitions)}
+        data: dict[str, Any] = {"server_id": self.server_id, "address": self.address,
+                                "preferred_partitions": list(self.preferred_partitions)}
+        host, sep, port = self.address.rpartition(":")
+        if sep and host and port.isdigit():
+            data.update(host=host, port=int(port))  # what readers of 0.1 (host and port only) need
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ServerDescriptor:
-        return cls(host=str(data["host"]), port=int(data["port"]),
-                   preferred_partitions=data.get("preferred_partitions", ()), server_id=int(data["server_id"]))
+        address = str(data["address"]) if "address" in data else f"{data['host']}:{int(data['port'])}"
+        return cls(address=address, preferred_partitions=data.get("preferred_partitions", ()),
+                   server_id=int(data["server_id"]))
 
 
 @attrs.frozen(slots=True)
@@ -214,6 +219,19 @@ def decode(key: str, raw: bytes, parse: Callable[[Any], T]) -> T:
 
 def parse_str_int_map(data: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in data.items()}
+
+
+def parse_admin_map(data: Any) -> dict[str, int | str]:
+    """``connections``: storage node -> its admin port on the node's host (an int, the original's
+    format) or its whole admin address (a string, for addresses that are not ``host:port``)."""
+    return {str(k): v if isinstance(v, str) else int(v) for k, v in data.items()}
+
+
+def admin_address(storage: str, admin: int | str) -> str:
+    """The address of ``storage``'s admin endpoint from its ``connections`` entry."""
+    if isinstance(admin, str):
+        return admin
+    return f"{storage.rpartition(':')[0]}:{admin}"
 
 
 def parse_replica_assignments(data: Any) -> dict[str, list[int]]:

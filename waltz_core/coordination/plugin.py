@@ -225,38 +225,47 @@ def _print_listing(listing: Any, backend_name: str) -> None:
     console.print(partitions)
 
 
-def _admin_port(ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
-    """``-a/--admin``: the admin port, or ``HOST:ADMIN_PORT`` on the storage node's own host."""
+def _admin_endpoint(ctx: click.Context, _param: click.Parameter, value: str | None) -> int | str | None:
+    """``-a/--admin``: the admin port on the storage node's host, ``HOST:ADMIN_PORT`` on that host,
+    or, for a transport whose addresses are not ``host:port`` (``unix:/path``), the admin address."""
     if value is None:
         return None
+    if value.isdigit():
+        port = int(value)
+        if not 1 <= port <= 65535:
+            raise click.BadParameter(f"{port} is not a port number from 1 to 65535")
+        return port
     host, sep, port_text = value.rpartition(":")
     storage = ctx.params.get("storage") or ""
-    if sep and host and storage and host != storage.rpartition(":")[0]:
-        raise click.BadParameter(f"{value!r} is on host {host!r}, the storage node on {storage.rpartition(':')[0]!r}; "
-                                 "the admin port is on the node's own host")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a port number or HOST:PORT") from None
-    if not 1 <= port <= 65535:
-        raise click.BadParameter(f"{port} is not a port number from 1 to 65535")
-    return port
+    storage_host, storage_sep, storage_port = storage.rpartition(":")
+    if sep and host and port_text.isdigit() and storage_sep and storage_port.isdigit():
+        if host != storage_host:
+            raise click.BadParameter(f"{value!r} is on host {host!r}, the storage node on {storage_host!r}; "
+                                     "the admin port is on the node's own host")
+        if not 1 <= int(port_text) <= 65535:
+            raise click.BadParameter(f"{port_text} is not a port number from 1 to 65535")
+        return int(port_text)
+    if not value.strip() or any(c.isspace() for c in value):
+        raise click.BadParameter(f"{value!r} is not a port number, HOST:PORT or an address")
+    return value  # an address of the cluster's transport, opaque here
 
 
 @cluster_group.command("add-storage-node")
-@click.option("-s", "--storage", required=True, metavar="HOST:PORT", is_eager=True,
-              help="The storage node's data endpoint.")
-@click.option("-a", "--admin", "--storage-admin-port", "admin_port", required=True, metavar="[HOST:]ADMIN_PORT",
-              callback=_admin_port, help="The storage node's admin port (or admin endpoint on its host).")
+@click.option("-s", "--storage", required=True, metavar="ADDRESS", is_eager=True,
+              help="The storage node's data endpoint (host:port, or the transport's own address format).")
+@click.option("-a", "--admin", "--storage-admin-port", "admin", required=True, metavar="[HOST:]PORT|ADDRESS",
+              callback=_admin_endpoint,
+              help="The storage node's admin port on its host (or its whole admin address).")
 @click.option("-g", "--group", type=click.IntRange(min=0), required=True, help="Storage group id.")
 @_with_backend
-async def add_storage_node_command(backend: CoordinationBackend, root: str, storage: str, admin_port: int,
+async def add_storage_node_command(backend: CoordinationBackend, root: str, storage: str, admin: int | str,
                                    group: int) -> None:
-    """Add a storage node to a group, with its admin port and no partitions."""
+    """Add a storage node to a group, with its admin endpoint and no partitions."""
     from .recipes import StoreMetadata
 
-    await StoreMetadata(backend, root).add_storage_node(storage, admin_port, group)
-    _console().print(f"added storage node {storage} (admin port {admin_port}) to group {group}")
+    await StoreMetadata(backend, root).add_storage_node(storage, admin, group)
+    what = f"admin port {admin}" if isinstance(admin, int) else f"admin {admin}"
+    _console().print(f"added storage node {storage} ({what}) to group {group}")
 
 
 @cluster_group.command("remove-storage-node")

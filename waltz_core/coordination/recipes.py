@@ -43,9 +43,11 @@ from .metadata import (
     ReplicaState,
     ServerDescriptor,
     StoreParams,
+    admin_address,
     decode,
     encode,
     format_partition_ranges,
+    parse_admin_map,
     parse_partition_ranges,
     parse_replica_assignments,
     parse_str_int_map,
@@ -187,7 +189,7 @@ class ClusterListing:
     assignment: PartitionAssignment | None
     replica_assignments: dict[str, list[int]]
     groups: dict[str, int]
-    connections: dict[str, int]
+    connections: dict[str, int | str]
     partitions: dict[int, PartitionMetadata]
 
 
@@ -233,7 +235,7 @@ async def list_cluster(backend: CoordinationBackend, root: str) -> ClusterListin
         root=root, cluster=cluster, store=params, servers=await list_servers(backend, root), assignment=assignment,
         replica_assignments=await store._read_map(store.paths.assignment, parse_replica_assignments, missing_ok=True),
         groups=await store._read_map(store.paths.group, parse_str_int_map, missing_ok=True),
-        connections=await store._read_map(store.paths.connection, parse_str_int_map, missing_ok=True),
+        connections=await store._read_map(store.paths.connection, parse_admin_map, missing_ok=True),
         partitions=partitions,
     )
 
@@ -251,10 +253,16 @@ async def allocate_server_id(backend: CoordinationBackend, root: str) -> int:
 # ----------------------------------------------------------------------------- store metadata
 
 
-def _check_storage(storage: str) -> None:
-    host, sep, port = storage.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise MetadataEditError(f"storage node must be given as host:port, got {storage!r}")
+def _check_address(what: str, address: str) -> None:
+    """Addresses are the transport's (``host:port``, ``unix:/path``): only what no transport can
+    mean is refused here (empty, spaces, characters that would garble a listing)."""
+    if not address or any(c.isspace() or not c.isprintable() for c in address):
+        raise MetadataEditError(f"{what} must be an address such as host:port, got {address!r}")
+
+
+def _is_host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host) and port.isdigit()
 
 
 class StoreMetadata:
@@ -320,9 +328,13 @@ class StoreMetadata:
         """``{"host:port": group id}`` of every storage node."""
         return await self._read_map(self.paths.group, parse_str_int_map)
 
-    async def get_connections(self) -> dict[str, int]:
-        """``{"host:port": admin port}`` of every storage node."""
-        return await self._read_map(self.paths.connection, parse_str_int_map)
+    async def get_connections(self) -> dict[str, int | str]:
+        """``{storage: admin port or admin address}`` of every storage node, as stored."""
+        return await self._read_map(self.paths.connection, parse_admin_map)
+
+    async def get_admin_addresses(self) -> dict[str, str]:
+        """``{storage: admin address}`` of every storage node."""
+        return {storage: admin_address(storage, admin) for storage, admin in (await self.get_connections()).items()}
 
     @contextlib.asynccontextmanager
     async def admin_lock(self, timeout: float = ADMIN_LOCK_TIMEOUT) -> AsyncIterator[None]:
@@ -367,19 +379,31 @@ class StoreMetadata:
             raise MetadataEditError("no partitions given")
         return ids
 
-    async def add_storage_node(self, storage: str, admin_port: int, group: int) -> None:
-        """Add a storage node (``host:port``) with its admin port to ``group``, with no partitions yet.
+    async def add_storage_node(self, storage: str, admin: int | str, group: int) -> None:
+        """Add a storage node (its data address) to ``group``, with no partitions yet. ``admin`` is
+        its admin port on the same host (``host:port`` addresses, the original's format) or its
+        whole admin address (any transport's).
 
         NodeExistsError if the node is already known.
         """
-        _check_storage(storage)
-        if not 0 < admin_port < 65536:
-            raise MetadataEditError(f"invalid admin port {admin_port}")
+        _check_address("a storage node", storage)
+        if isinstance(admin, int):
+            if not _is_host_port(storage):
+                raise MetadataEditError(f"storage node {storage!r} is not host:port: give its admin address, "
+                                        f"not a port")
+            if not 0 < admin < 65536:
+                raise MetadataEditError(f"invalid admin port {admin}")
+        else:
+            _check_address("an admin endpoint", admin)
+            if _is_host_port(storage) and _is_host_port(admin) and \
+                    admin.rpartition(":")[0] == storage.rpartition(":")[0]:
+                admin = int(admin.rpartition(":")[2])  # the original's format where it can say it
+        entry = admin
         async with self.admin_lock():
             if storage in await self.get_groups() or storage in await self.get_replica_assignments():
                 raise NodeExistsError(f"storage node {storage} is already part of the cluster under {self.root}")
             await self._edit(self.paths.group, parse_str_int_map, lambda m: {**m, storage: group})
-            await self._edit(self.paths.connection, parse_str_int_map, lambda m: {**m, storage: admin_port})
+            await self._edit(self.paths.connection, parse_admin_map, lambda m: {**m, storage: entry})
             await self._edit(self.paths.assignment, parse_replica_assignments, lambda m: {**m, storage: []})
 
     async def remove_storage_node(self, storage: str) -> None:
@@ -397,7 +421,7 @@ class StoreMetadata:
 
             await self._edit(self.paths.assignment, parse_replica_assignments, without)
             await self._edit(self.paths.group, parse_str_int_map, without)
-            await self._edit(self.paths.connection, parse_str_int_map, without)
+            await self._edit(self.paths.connection, parse_admin_map, without)
 
     async def assign_partitions(self, storage: str, partitions: Iterable[int]) -> None:
         """Add replicas of ``partitions`` on ``storage``; refused for unknown nodes or partitions already there."""

@@ -79,10 +79,9 @@ class WaltzServer:
         self._metadata = CoordinationMetadata(self.store_metadata)
         self._listener = await self.transport.listen(cfg.server.host, cfg.server.port, self._serve)
         self.address = self._listener.address
-        host, _, port = self.address.rpartition(":")
         self.cluster = ClusterManager(
             self.coordination, cfg.coordination.root,
-            ServerDescriptor(server_id=-1, host=host, port=int(port), preferred_partitions=tuple(cfg.server.preferred_partitions)),
+            ServerDescriptor(address=self.address, preferred_partitions=tuple(cfg.server.preferred_partitions)),
             on_assignment=self._on_assignment,
         )
         await self.cluster.start()

@@ -63,7 +63,7 @@ async def verify(backend: CoordinationBackend, root: str, transport: Transport,
     params = await sm.get_store_params()
     assignment, _ = await read_assignment(backend, root)
     replicas = await sm.get_replica_assignments()
-    connections = await sm.get_connections()
+    admin_addresses = await sm.get_admin_addresses()
     pids = list(partitions) if partitions is not None else list(range(params.num_partitions))
 
     # Ask every owner what it serves, and every storage node what it holds - all at once, so a
@@ -81,7 +81,9 @@ async def verify(backend: CoordinationBackend, root: str, transport: Transport,
             return None
 
     async def storage_view(storage: str) -> dict[int, bool] | None:
-        admin = f"{storage.rpartition(':')[0]}:{connections.get(storage, 0)}"
+        admin = admin_addresses.get(storage)
+        if admin is None:
+            return None
         try:
             client = await asyncio.wait_for(
                 StorageAdminClient.connect(transport, admin, params.cluster_key, params.num_partitions), timeout)

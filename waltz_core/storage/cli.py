@@ -233,7 +233,7 @@ def recover_partition_command(config_path: str, partitions: list[int], source: s
 
     async def main() -> tuple[list[Any], Any]:
         from ..plugins import default_registries
-        from ..transport import open_transport
+        from ..transport import listen_address, open_transport
         from .client import StorageAdminClient
 
         replicas: dict[int, list[str]] = {}
@@ -251,7 +251,7 @@ def recover_partition_command(config_path: str, partitions: list[int], source: s
         if bad:
             raise ConfigError(f"-p/--partition: the cluster has partitions 0-{n - 1}, not {bad}")
         transport = open_transport(config.transport)
-        me = f"{cfg.host}:{cfg.admin_port}"
+        me = listen_address(transport, cfg.host, cfg.admin_port)
         clients: dict[str, Any] = {}
         unreachable: set[str] = set()
 
@@ -316,12 +316,14 @@ async def _replica_admins(coordination: Any) -> tuple[dict[int, list[str]], tupl
         sm = StoreMetadata(backend, coordination.root)
         params = await sm.get_store_params()
         assignments = await sm.get_replica_assignments()
-        connections = await sm.get_connections()
+        admin_addresses = await sm.get_admin_addresses()
     finally:
         await backend.close()
     out: dict[int, list[str]] = {}
     for storage, pids in assignments.items():
-        admin = f"{storage.rpartition(':')[0]}:{connections.get(storage, 0)}"
+        admin = admin_addresses.get(storage)
+        if admin is None:
+            continue  # assigned but never given an admin endpoint: nothing to ask
         for pid in pids:
             out.setdefault(pid, []).append(admin)
     return out, (params.cluster_key, params.num_partitions)
@@ -616,14 +618,14 @@ def sync_partitions(config_path: str | None) -> None:
             sm = StoreMetadata(backend, config.coordination.root)
             params = await sm.get_store_params()
             assignments = await sm.get_replica_assignments()
-            connections = await sm.get_connections()
+            admin_addresses = await sm.get_admin_addresses()
         finally:
             await backend.close()
         transport = open_transport(config.transport)
         changes = []
         try:
             for storage, wanted in sorted(assignments.items()):
-                admin_address = f"{storage.rpartition(':')[0]}:{connections[storage]}"
+                admin_address = admin_addresses[storage]
                 admin = await StorageAdminClient.connect(transport, admin_address, params.cluster_key,
                                                          params.num_partitions)
                 try:

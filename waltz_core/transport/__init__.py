@@ -13,6 +13,7 @@ from .base import (
     check_plaintext_allowed,
     is_loopback,
     is_plaintext,
+    listen_address,
 )
 from .channel import MessageChannel
 
@@ -31,5 +32,5 @@ def open_transport(config: TransportConfig, registries: Registries | None = None
 
 
 __all__ = ["Connection", "ConnectionHandler", "Listener", "MessageChannel", "Transport", "check_plaintext_allowed",
-           "is_loopback", "is_plaintext",
+           "is_loopback", "is_plaintext", "listen_address",
            "open_transport"]

@@ -80,6 +80,10 @@ class Transport(Protocol):
     (:func:`check_plaintext_allowed`): ``encrypted`` (tcp: TLS is on; zmq: CURVE is on) and
     ``authenticates_clients`` (its listeners admit only clients with credentials: mutual TLS, a
     CURVE allow-list). A transport without them is not guessed at: it reports security itself.
+
+    Addresses are opaque to the core: it passes them to ``connect`` as the transport's listeners
+    reported them. A transport whose addresses are not ``host:port`` also has a method
+    ``listen_address(host, port) -> str`` (see :func:`listen_address`).
     """
 
     name: str
@@ -92,6 +96,19 @@ class Transport(Protocol):
 
     async def aclose(self) -> None:
         """Release transport-wide resources (contexts, thread pools); idempotent."""
+
+
+def listen_address(transport: object, host: str, port: int) -> str:
+    """The address peers connect to for a listener of ``transport`` bound to ``host`` and a fixed
+    ``port`` (what a cluster registers before its processes start).
+
+    Addresses belong to the transport: one with a format of its own (``unix:/path``) says how with
+    a ``listen_address(host, port)`` method; the others use ``host:port`` (``[v6]:port``).
+    """
+    method = getattr(transport, "listen_address", None)
+    if method is not None:
+        return str(method(host, port))
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def is_loopback(host: str) -> bool:

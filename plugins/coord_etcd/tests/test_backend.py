@@ -56,7 +56,7 @@ async def test_ephemeral_keys_use_the_lease_and_values_are_json(etcd_server: Etc
     root = "/waltz-etcd-layout"
     try:
         await recipes.create_cluster(backend, root, "layout", 2)
-        manager = recipes.ClusterManager(backend, root, recipes.ServerDescriptor(host="127.0.0.1", port=6001))
+        manager = recipes.ClusterManager(backend, root, recipes.ServerDescriptor(address="127.0.0.1:6001"))
         await manager.start()
         names = await backend.children(f"{root}/serverDescriptors")
         assert names == ["s_0000000000"]

@@ -57,7 +57,7 @@ async def test_layout_sequence_names_and_zkcli_readable_values(zookeeper_server:
     root = "/waltz-layout"
     try:
         await recipes.create_cluster(backend, root, "layout", 2)
-        manager = recipes.ClusterManager(backend, root, recipes.ServerDescriptor(host="127.0.0.1", port=6001))
+        manager = recipes.ClusterManager(backend, root, recipes.ServerDescriptor(address="127.0.0.1:6001"))
         await manager.start()
         names = await backend.children(f"{root}/serverDescriptors")
         assert len(names) == 1 and names[0].startswith("s_") and names[0][2:].isdigit() and len(names[0]) == 12

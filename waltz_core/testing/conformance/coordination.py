@@ -59,7 +59,14 @@ import pytest
 
 from ...config import CoordinationConfig
 from ...coordination.base import CoordinationBackend, SessionState
-from ...errors import CasConflictError, ClusterNotFoundError, CoordinationError, NodeExistsError, NoNodeError
+from ...errors import (
+    CasConflictError,
+    ClusterNotFoundError,
+    CoordinationError,
+    MetadataEditError,
+    NodeExistsError,
+    NoNodeError,
+)
 
 BackendFactory = Callable[[], Awaitable[CoordinationBackend]]
 
@@ -477,10 +484,10 @@ class CoordinationConformance:
 
         await recipes.create_cluster(client, root, "kit", 4)
         store = recipes.StoreMetadata(client, root)
-        await store.add_storage_node("127.0.0.1:7000", admin_port=7001, group=0)
-        await store.add_storage_node("127.0.0.1:7100", admin_port=7101, group=0)
+        await store.add_storage_node("127.0.0.1:7000", admin=7001, group=0)
+        await store.add_storage_node("127.0.0.1:7100", admin=7101, group=0)
         with pytest.raises(NodeExistsError):
-            await store.add_storage_node("127.0.0.1:7000", admin_port=7001, group=0)
+            await store.add_storage_node("127.0.0.1:7000", admin=7001, group=0)
         await store.assign_partitions("127.0.0.1:7000", recipes.parse_partition_ranges("0-2"))
         reader = recipes.StoreMetadata(other, root)
         assert await reader.get_replica_assignments() == {"127.0.0.1:7000": [0, 1, 2], "127.0.0.1:7100": []}
@@ -492,6 +499,18 @@ class CoordinationConformance:
         await store.unassign_partitions("127.0.0.1:7100", [1, 3])
         await store.remove_storage_node("127.0.0.1:7100")
         assert await reader.get_groups() == {"127.0.0.1:7000": 0}
+        # Addresses are the transport's: one that is not host:port is registered with its whole
+        # admin address; an admin address on the node's own host is stored as the port.
+        await store.add_storage_node("unix:/run/waltz/s1.sock", admin="unix:/run/waltz/s1-admin.sock", group=1)
+        await store.add_storage_node("127.0.0.1:7200", admin="127.0.0.1:7201", group=1)
+        assert await reader.get_connections() == {"127.0.0.1:7000": 7001, "unix:/run/waltz/s1.sock":
+                                                  "unix:/run/waltz/s1-admin.sock", "127.0.0.1:7200": 7201}
+        assert await reader.get_admin_addresses() == {"127.0.0.1:7000": "127.0.0.1:7001", "unix:/run/waltz/s1.sock":
+                                                      "unix:/run/waltz/s1-admin.sock", "127.0.0.1:7200": "127.0.0.1:7201"}
+        with pytest.raises(MetadataEditError, match="is not host:port: give its admin address"):
+            await store.add_storage_node("unix:/run/waltz/s2.sock", admin=7301, group=1)
+        with pytest.raises(MetadataEditError, match="must be an address"):
+            await store.add_storage_node("a b", admin=7301, group=1)
 
     async def test_recipe_cluster_manager_assignment_and_generations(self, make_client: BackendFactory,
                                                                      client: CoordinationBackend, root: str) -> None:
@@ -503,9 +522,9 @@ class CoordinationConformance:
         await watcher.start()
         got: dict[str, list[recipes.ServerAssignment]] = {"a": [], "b": []}
         backend_a, backend_b = await make_client(), await make_client()
-        manager_a = recipes.ClusterManager(backend_a, root, recipes.ServerDescriptor(host="127.0.0.1", port=5001),
+        manager_a = recipes.ClusterManager(backend_a, root, recipes.ServerDescriptor(address="127.0.0.1:5001"),
                                            on_assignment=got["a"].append)
-        manager_b = recipes.ClusterManager(backend_b, root, recipes.ServerDescriptor(host="127.0.0.1", port=5002),
+        manager_b = recipes.ClusterManager(backend_b, root, recipes.ServerDescriptor(address="127.0.0.1:5002"),
                                            on_assignment=got["b"].append)
         try:
             await manager_a.start()
@@ -545,7 +564,7 @@ class CoordinationConformance:
         await recipes.create_cluster(client, root, "kit", 3)
         got: list[recipes.ServerAssignment] = []
         backend = await make_client()
-        manager = recipes.ClusterManager(backend, root, recipes.ServerDescriptor(host="127.0.0.1", port=5001,
+        manager = recipes.ClusterManager(backend, root, recipes.ServerDescriptor(address="127.0.0.1:5001",
                                                                                  preferred_partitions=(2,)),
                                          on_assignment=got.append)
         try:
@@ -634,9 +653,9 @@ async def leader_kill_scenario(config: CoordinationConfig, ensemble: ServerEnsem
     await recipes.create_cluster(admin, root, "failover", 4)
     got_a: list[recipes.ServerAssignment] = []
     got_b: list[recipes.ServerAssignment] = []
-    manager_a = recipes.ClusterManager(server_a, root, recipes.ServerDescriptor(host="127.0.0.1", port=5001),
+    manager_a = recipes.ClusterManager(server_a, root, recipes.ServerDescriptor(address="127.0.0.1:5001"),
                                        on_assignment=got_a.append)
-    manager_b = recipes.ClusterManager(server_b, root, recipes.ServerDescriptor(host="127.0.0.1", port=5002),
+    manager_b = recipes.ClusterManager(server_b, root, recipes.ServerDescriptor(address="127.0.0.1:5002"),
                                        on_assignment=got_b.append)
     stop, committed = asyncio.Event(), []
     store = recipes.StoreMetadata(writer, root)
