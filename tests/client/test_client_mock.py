@@ -14,8 +14,8 @@ from waltz_core.client import (
     WaltzClientCallbacks,
 )
 from waltz_core.errors import ChecksumError, ClientError
-from waltz_core.locks.exact import ExactLockTable
 from waltz_core.locks.base import LockRequest
+from waltz_core.locks.exact import ExactLockTable
 from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.testing.mock_cluster import MockCluster
 
@@ -396,3 +396,16 @@ async def test_waiters_for_slots_survive_a_reconnect_and_each_transaction_commit
         assert all(c.events[-1] == "application" for c in ctxs)
         keys = sorted(apps.JSON.deserialize(t.data)["key"] for t in cluster.transactions(0))
         assert keys == sorted(f"k{i}" for i in range(6 * cap))  # every one committed, none twice
+
+
+def test_a_client_closed_while_it_connects_does_not_hang(apps) -> None:
+    """close() right after the client is made, while its stream connection is being opened: on 3.11
+    a wait_for around the connect lost close()'s cancellation, and the stream task then waited on
+    its new connection for ever (about 1 in 4 closes hung). Each close must return."""
+    for _ in range(20):
+        with MockCluster(1) as cluster:
+            client = cluster.client(apps.CounterApp())
+            closed = threading.Event()
+            closer = threading.Thread(target=lambda c=client: (c.close(), closed.set()), daemon=True)
+            closer.start()
+            assert closed.wait(30), "WaltzClient.close() hung while the client was connecting"

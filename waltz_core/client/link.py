@@ -94,7 +94,10 @@ class ServerLink:
             asyncio.get_running_loop().create_task(self._stream.close())
 
     async def _connect(self) -> MessageChannel:
-        conn = await asyncio.wait_for(self._transport.connect(self.endpoint), self._connect_timeout)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation (close()) that arrives
+        # as the connect completes, and the stream task then waited forever on its new connection.
+        async with asyncio.timeout(self._connect_timeout):
+            conn = await self._transport.connect(self.endpoint)
         return await MessageChannel.open(conn, CLIENT, self._role, timeout=self._connect_timeout)
 
     async def _run_stream(self) -> None:
@@ -105,6 +108,9 @@ class ServerLink:
                 log.info("stream connection to %s failed: %s; retrying in %.1fs", self.endpoint, exc, self._reconnect_delay)
                 await asyncio.sleep(self._reconnect_delay)
                 continue
+            if self._closed:  # closed while connecting: the connection is nobody's
+                await channel.close()
+                return
             self.net_seq = self._next_net_seq()
             self._stream = channel
             self._out = []

@@ -41,7 +41,10 @@ class MessageChannel:
         try:
             await conn.send(encode_hello(local))
             try:
-                frame = await asyncio.wait_for(conn.recv(), timeout)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation that arrives
+                # as the hello does, and the cancelled caller would go on with an open channel.
+                async with asyncio.timeout(timeout):
+                    frame = await conn.recv()
             except TimeoutError:
                 raise PeerTimeoutError(f"no hello from {conn.peer} within {timeout}s") from None
             remote = decode_hello(frame)
