@@ -183,7 +183,7 @@ async def test_client_metrics_count_lock_failures_retries_and_commits() -> None:
 
 def test_blocking_client_exposes_the_same_registry() -> None:
     with MockCluster(1) as cluster, cluster.client(_App()) as client:
-        client.wait_mounted(10)  # closing while the first mount is under way can hang (a client bug of its own)
+        client.wait_mounted(10)
         assert client.metrics is client.async_client.metrics
         assert "waltz_client_pending_appends 0" in client.metrics.render_prometheus()
 
