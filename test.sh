@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Run every test: the Spark suite in its own tox environment (PySpark is large and gets its own
-# venv), then core, plugins and the end-to-end matrix (real ZooKeeper, etcd and processes are
-# started by the tests on free loopback ports). Extra arguments go to the main pytest run and
-# skip the Spark env, e.g. ./test.sh -k storage
+# Run every test: the lint (ruff and mypy, scripts/lint.sh), the Spark suite in its own tox
+# environment (PySpark is large and gets its own venv), then core, plugins and the end-to-end
+# matrix (real ZooKeeper, etcd and processes are started by the tests on free loopback ports).
+# Extra arguments go to the main pytest run and skip the lint and the Spark env, e.g.
+# ./test.sh -k storage
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/bootstrap.sh
 export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 spark_rc=0
+lint_rc=0
 if [ $# -eq 0 ]; then
   set +e
+  scripts/lint.sh
+  lint_rc=$?
   .venv/bin/tox -e spark -q
   spark_rc=$?
   set -e
@@ -21,4 +25,5 @@ rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "test.sh: no tests were collected: that is a failure"; exit 1; fi
 if [ $spark_rc -ne 0 ]; then echo "test.sh: the Spark suite (tox -e spark) failed with exit $spark_rc"; exit 1; fi
+if [ $lint_rc -ne 0 ]; then echo "test.sh: the lint (scripts/lint.sh: ruff, mypy) failed"; exit 1; fi
 exit $rc

@@ -30,7 +30,7 @@ from waltz_core.perf.cluster import local_cluster
 from waltz_core.perf.driver import ProduceOptions, ProduceResult, consume, produce
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_etcd  # noqa: E402 - the sibling benchmark script
+import compare_etcd  # the sibling benchmark script (E402 allows imports after sys.path edits)
 
 
 def _produce_row(name: str, r: ProduceResult) -> dict[str, Any]:

@@ -90,6 +90,17 @@ def test_every_distribution_carries_the_license_a_readme_and_classifiers() -> No
         assert {"Programming Language :: Python :: 3.11", "Development Status :: 3 - Alpha"} <= classifiers, folder
 
 
+def test_every_distribution_ships_its_type_information() -> None:
+    """PEP 561: a ``py.typed`` marker in each package, in the wheel (package data), and the classifier."""
+    for folder in DIST_DIRS:
+        pyproject = tomllib.loads((folder / "pyproject.toml").read_text())
+        [pattern] = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+        package = pattern.rstrip("*")
+        assert (folder / package / "py.typed").is_file(), folder
+        assert pyproject["tool"]["setuptools"]["package-data"][package] == ["py.typed"], folder
+        assert "Typing :: Typed" in pyproject["project"]["classifiers"], folder
+
+
 def copy_pinned_files(dest: Path) -> None:
     for path in [ROOT / "VERSION", ROOT / "pyproject.toml", ROOT / GUIDE, *ROOT.glob("plugins/*/pyproject.toml")]:
         target = dest / path.relative_to(ROOT)

@@ -16,8 +16,13 @@ from click.testing import CliRunner
 from waltz_core.cli.main import build_cli
 from waltz_core.errors import BackendNotFoundError, PluginError
 from waltz_core.hookspecs import hookimpl
-from waltz_core.plugins import (BUILTIN_PLUGINS, REGISTRY_HOOKS, get_plugin_manager, incompatible_plugins,
-                                load_registries)
+from waltz_core.plugins import (
+    BUILTIN_PLUGINS,
+    REGISTRY_HOOKS,
+    get_plugin_manager,
+    incompatible_plugins,
+    load_registries,
+)
 
 #: The single source of every distribution's version.
 VERSION = (Path(__file__).resolve().parent.parent / "VERSION").read_text().strip()

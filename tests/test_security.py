@@ -94,7 +94,7 @@ def test_transports_say_whether_they_authenticate_clients(tmp_path: Path) -> Non
     assert TcpTransport(options=TcpOptions(**tls)).authenticates_clients is True
     assert TcpTransport(options=TcpOptions(**tls, tls_verify_clients=False)).authenticates_clients is False
     assert TcpTransport(options=TcpOptions()).authenticates_clients is False
-    public, secret = create_keypair(tmp_path / "curve", "server")
+    _public, secret = create_keypair(tmp_path / "curve", "server")
     curve = ZmqOptions(curve_server_secret_key_file=str(secret))
     assert ZmqTransport(options=curve).authenticates_clients is False  # any CURVE client is admitted
     allowed = ZmqOptions(curve_server_secret_key_file=str(secret), curve_allowed_clients_dir=str(tmp_path / "curve"))

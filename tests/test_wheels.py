@@ -58,6 +58,7 @@ def test_every_wheel_has_the_version_license_readme_and_pins(wheelhouse: Path) -
             dist_info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
             metadata = zf.read(f"{dist_info}/METADATA").decode()
             assert zf.read(f"{dist_info}/licenses/LICENSE").decode() == license_text, wheel.name
+            assert any(n.endswith("/py.typed") and n.count("/") == 1 for n in zf.namelist()), wheel.name
         headers = metadata.split("\n\n", 1)[0].splitlines()
         assert f"Version: {VERSION}" in headers, wheel.name
         assert {"License-Expression: Apache-2.0", "License-File: LICENSE",

@@ -7,8 +7,21 @@ tables) are plugins, the built-in ones registered like any other.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .hookspecs import NAME, hookimpl, hookspec
 from .plugins import core_version, get_plugin_manager, load_registries
+
+if TYPE_CHECKING:  # their real types for type checkers and IDEs; at run time __getattr__ imports them
+    from .client import (
+        AsyncWaltzClient,
+        PartitionLocalLock,
+        Transaction,
+        TransactionBuilder,
+        TransactionContext,
+        WaltzClient,
+        WaltzClientCallbacks,
+    )
 
 __version__ = core_version()
 
@@ -22,10 +35,13 @@ _CLIENT_NAMES = frozenset({"AsyncWaltzClient", "PartitionLocalLock", "Transactio
                            "TransactionContext", "WaltzClient", "WaltzClientCallbacks"})
 
 
-def __getattr__(name: str) -> object:
-    # The client API is imported on first use so that `import waltz_core` stays light for servers.
-    if name in _CLIENT_NAMES:
-        from . import client
+if not TYPE_CHECKING:  # hidden from type checkers: a name not imported above is an error there
 
-        return getattr(client, name)
-    raise AttributeError(f"module 'waltz_core' has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        # The client API is imported on first use so that `import waltz_core` stays light for servers
+        # (the client pulls in asyncio, ssl, json, subprocess...: about twice the import time).
+        if name in _CLIENT_NAMES:
+            from . import client
+
+            return getattr(client, name)
+        raise AttributeError(f"module 'waltz_core' has no attribute {name!r}")

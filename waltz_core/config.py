@@ -78,7 +78,7 @@ AT_LEAST_ONE = at_least(1)
 def key(default: Any, doc: str, **kw: Any) -> Any:
     """Declare a config key: default plus documentation (the single source for the schema)."""
     if isinstance(default, (list, dict)):
-        kw["factory"] = (lambda d=default: type(d)(d))  # noqa: E731 - fresh copy per instance
+        kw["factory"] = (lambda d=default: type(d)(d))  # a fresh copy per instance
         return attrs.field(metadata={"doc": doc}, **kw)
     return attrs.field(default=default, metadata={"doc": doc}, **kw)
 
@@ -271,7 +271,7 @@ class CliConfig:
 
 
 #: Process configs, by the name used in `waltz config schema`.
-PROCESS_CONFIGS: dict[str, type] = {
+PROCESS_CONFIGS: dict[str, type[Any]] = {
     "server": ServerProcessConfig,
     "storage": StorageProcessConfig,
     "client": ClientProcessConfig,
@@ -663,7 +663,7 @@ def schema(cls: type, prefix: str = "") -> list[SchemaEntry]:
     """Every key of a config class, flattened to dotted names."""
     hints = _field_types(cls)
     out: list[SchemaEntry] = []
-    for f in attrs.fields(cls):  # type: ignore[arg-type]
+    for f in attrs.fields(cls):
         tp = hints[f.name]
         name = f"{prefix}{f.name}"
         if attrs.has(tp):

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -348,7 +348,7 @@ class InProcessCluster:
         self._storage_stops: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
         self.servers: dict[int, Any] = {}
 
-    async def __aenter__(self) -> InProcessCluster:
+    async def __aenter__(self) -> Self:
         """Start and wait until every partition is served; stopped again if that fails."""
         await self.start()
         try:

@@ -123,7 +123,7 @@ class Histogram:
             return 0.0
         target = q * self.count
         seen = 0
-        for bound, n in zip(self.bounds + (math.inf,), self.counts):
+        for bound, n in zip(self.bounds + (math.inf,), self.counts, strict=True):
             seen += n
             if seen >= target:
                 return bound
@@ -131,7 +131,7 @@ class Histogram:
 
     def samples(self, name: str) -> Iterable[tuple[str, str, float]]:
         cumulative = 0
-        for bound, n in zip(self.bounds + (math.inf,), self.counts):
+        for bound, n in zip(self.bounds + (math.inf,), self.counts, strict=True):
             cumulative += n
             yield name + "_bucket", _labels_text(self.labels, f'le="{_num(float(bound))}"'), cumulative
         yield name + "_sum", _labels_text(self.labels), self.sum

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from waltz_core.app import bank
-from waltz_core.app.validate import _Checker, ValidateResult, validate
+from waltz_core.app.validate import ValidateResult, _Checker, validate
 from waltz_core.client.api import DataTransaction
 from waltz_core.protocol.wire import ReqId
 

@@ -406,6 +406,6 @@ def test_a_client_closed_while_it_connects_does_not_hang(apps) -> None:
         with MockCluster(1) as cluster:
             client = cluster.client(apps.CounterApp())
             closed = threading.Event()
-            closer = threading.Thread(target=lambda c=client: (c.close(), closed.set()), daemon=True)
+            closer = threading.Thread(target=lambda c=client, done=closed: (c.close(), done.set()), daemon=True)
             closer.start()
             assert closed.wait(30), "WaltzClient.close() hung while the client was connecting"

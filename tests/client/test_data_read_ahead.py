@@ -12,8 +12,7 @@ import time
 import attrs
 import pytest
 
-from waltz_core.client import TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz_core.client import readahead
+from waltz_core.client import TransactionBuilder, TransactionContext, WaltzClientCallbacks, readahead
 from waltz_core.client.link import ServerLink
 from waltz_core.errors import ChecksumError, ClientError, ClientTimeoutError
 from waltz_core.testing.mock_cluster import MockCluster
@@ -187,7 +186,7 @@ async def test_fetch_data_range_waits_for_uncommitted_transactions_then_times_ou
         config = cluster.client_process_config()
         config = attrs.evolve(config, client=attrs.evolve(config.client, data_fetch_timeout=0.3))
         async with cluster.async_client(Ignore(), config) as client:
-            with pytest.raises(ClientTimeoutError, match="transaction 3 of partition 0.*not committed"):
+            with pytest.raises(ClientTimeoutError, match=r"transaction 3 of partition 0.*not committed"):
                 await client.fetch_data_range(0, 1, 5)  # 1 and 2 arrive; 3 never commits
 
 

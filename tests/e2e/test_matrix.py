@@ -26,7 +26,13 @@ from typing import Any
 import attrs
 import pytest
 
-from waltz_core.client import AsyncWaltzClient, JsonSerializer, PartitionLocalLock, TransactionContext, WaltzClientCallbacks
+from waltz_core.client import (
+    AsyncWaltzClient,
+    JsonSerializer,
+    PartitionLocalLock,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
 from waltz_core.config import ClientProcessConfig, CoordinationConfig, TransportConfig
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.recipes import StoreMetadata

@@ -12,7 +12,6 @@ import pytest
 from waltz_core.perf.cpu import CpuSample, cpu_seconds, parse_stat_cpu_seconds
 
 
-
 def _spin(seconds: float) -> None:
     end = time.process_time() + seconds
     while time.process_time() < end:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -33,7 +34,7 @@ def streams(draw: st.DrawFn) -> tuple[list[bytes], int, bytes]:
 def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @settings(max_examples=300, deadline=None)

@@ -137,7 +137,7 @@ def test_append_request_checksum_mismatch_is_a_checksum_error() -> None:
 
 @pytest.mark.parametrize("family", FAMILY_MODULES, ids=FAMILY_IDS)
 def test_error_messages_name_the_problem(family: Any) -> None:
-    with pytest.raises(ProtocolError, match="unknown message type|shorter"):
+    with pytest.raises(ProtocolError, match=r"unknown message type|shorter"):
         family.decode(b"\x7f" + b"\x00" * 30)
     with pytest.raises(ProtocolError):
         family.decode(b"")

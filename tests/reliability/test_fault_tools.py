@@ -15,8 +15,15 @@ import pytest
 
 from waltz_core.errors import WaltzError
 from waltz_core.storage.segmented import SegmentedLayout
-from waltz_core.testing.faults import CrashMode, FaultProxy, crash_lose_unsynced, flip_bits, storage_files, \
-    sync_journal_env, synced_sizes
+from waltz_core.testing.faults import (
+    CrashMode,
+    FaultProxy,
+    crash_lose_unsynced,
+    flip_bits,
+    storage_files,
+    sync_journal_env,
+    synced_sizes,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import attrs
 import pytest
 
+from waltz_core.errors import FrameTooLargeError
 from waltz_core.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.protocol import ADMIN, CLIENT, STORAGE, Family
 from waltz_core.protocol import client as m
-from waltz_core.errors import FrameTooLargeError
 from waltz_core.protocol.framing import LENGTH, FrameDecoder
 from waltz_core.protocol.handshake import Hello, encode_hello
 from waltz_core.protocol.wire import ReqId, crc32

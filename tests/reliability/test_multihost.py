@@ -97,7 +97,7 @@ async def test_every_partition_commits_while_a_host_is_gone(tmp_path: Path, coor
     for op in history.operations:
         if op.outcome == OK and op.complete_time is not None:
             commits.setdefault(op.partition, []).append(op.complete_time)
-    for fault, start, end in windows:
+    for fault, _start, end in windows:
         late = [p for p in range(PARTITIONS)
                 if not any(end - LATE <= t <= end for t in commits.get(p, []))]
         assert not late, (f"{fault}: partitions {late} did not commit in the last {LATE:.0f} s of the "

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from waltz_core.config import CoordinationConfig
+from waltz_core.storage.client import StorageAdminClient
 from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
 from waltz_core.testing.probe import PartitionProbe
-from waltz_core.storage.client import StorageAdminClient
 from waltz_core.transport import open_transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

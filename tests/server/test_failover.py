@@ -140,7 +140,7 @@ async def test_a_request_past_its_deadline_fails_the_connection_and_marks_the_no
         assert client is not None
         assert await client.max_transaction_id(0, 0) == -1
         transport.vanished.add(address)
-        with pytest.raises(RequestTimeoutError, match="no answer to a request within 0.3s"):
+        with pytest.raises(RequestTimeoutError, match=r"no answer to a request within 0\.3s"):
             await client.max_transaction_id(0, 0)
         reachable, down_for, error = conn.health()[address]
         assert not reachable and down_for is not None and "no answer" in error

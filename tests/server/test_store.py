@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from waltz_core.config import ServerConfig
-from waltz_core.protocol.wire import Record, ReqId, crc32
 from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
+from waltz_core.protocol.wire import Record, ReqId, crc32
 from waltz_core.server.recovery import Recovery
 from waltz_core.server.store import ReplicatedStore
 from waltz_core.testing.fake_storage import FakeReplica, MemoryMetadata, connector
@@ -103,7 +103,7 @@ async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
     await store.flush()
     replicas["s2:1"].down = True
     replicas["s3:1"].down = True
-    with pytest.raises(Exception):
+    with pytest.raises(TimeoutError):  # no quorum: the appends stall
         await append_n(store, 3, start=10)
         await asyncio.wait_for(store.flush(), 0.3)
     stalled_at = sink.committed
@@ -118,7 +118,7 @@ async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
 
 
 async def test_a_returning_replica_catches_up_and_is_identical() -> None:
-    replicas, meta, store, sink = make()
+    replicas, _meta, store, sink = make()
     replicas["s3:1"].down = True
     await store.open(sink)
     await append_n(store, 50)
@@ -234,7 +234,7 @@ async def test_closing_a_partition_while_it_recovers_stops_everything() -> None:
     from waltz_core.locks.exact import ExactLockTable
     from waltz_core.server.partition import Partition
 
-    replicas, meta, store, _ = make()
+    replicas, _meta, store, _ = make()
     replicas["s2:1"].down = replicas["s3:1"].down = True  # one of three: recovery cannot decide
     partition = Partition(0, 0, store, lambda hwm: ExactLockTable(hwm), CONFIG)
     partition.open_task = asyncio.ensure_future(partition.open())

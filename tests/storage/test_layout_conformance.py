@@ -17,8 +17,13 @@ import pytest
 from waltz_core.client import AsyncWaltzClient, Transaction, TransactionContext, WaltzClientCallbacks
 from waltz_core.client.api import TransactionBuilder
 from waltz_core.storage import memory
-from waltz_core.storage.format import CONTROL_FILE_NAME, HEADER_SIZE, INFO_SIZE, decode_partition_info, \
-    partition_entry_offset
+from waltz_core.storage.format import (
+    CONTROL_FILE_NAME,
+    HEADER_SIZE,
+    INFO_SIZE,
+    decode_partition_info,
+    partition_entry_offset,
+)
 from waltz_core.storage.layout import StorageLayout
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.testing.conformance.storage_layout import CAPABILITIES, LayoutFactory, StorageLayoutConformance

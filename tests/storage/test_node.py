@@ -85,7 +85,7 @@ async def test_bad_requests_get_clear_failures_and_the_node_keeps_serving(harnes
     good = await harness.client()
     bad = await harness.client()
     await good.append(1, 1, make_records(0, 3, 1))
-    with pytest.raises(OutOfOrderAppendError, match="transaction out of order.*has id 5, the next id must be 0"):
+    with pytest.raises(OutOfOrderAppendError, match=r"transaction out of order.*has id 5, the next id must be 0"):
         await bad.append(1, 0, make_records(5, 1))
     with pytest.raises(PartitionNotFoundError, match="partition 2 is not assigned"):
         await bad.max_transaction_id(1, 2)

@@ -39,6 +39,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return bytes(resp.read())
+
+
 class StorageProcess:
     def __init__(self, directory: Path, key: uuid.UUID, max_frame_size: int = 1 << 20) -> None:
         self.key = key
@@ -117,9 +122,9 @@ async def test_real_process_admin_data_http_and_kill(storage_process: StoragePro
     rows = {row["partition"]: row for row in json.loads(listing.stdout)["partitions"]}
     assert rows[0] == {"partition": 0, "session_id": 1, "low_water_mark": 119, "local_low_water_mark": 119,
                        "assigned": True, "available": True}
-    metrics = urllib.request.urlopen(f"http://{sp.http}/metrics", timeout=10).read().decode()
+    metrics = (await asyncio.to_thread(http_get, f"http://{sp.http}/metrics")).decode()
     assert 'waltz_storage_appended_records_total{partition="0"} 120' in metrics
-    assert urllib.request.urlopen(f"http://{sp.http}/ping", timeout=10).read() == b"pong\n"
+    assert await asyncio.to_thread(http_get, f"http://{sp.http}/ping") == b"pong\n"
     await client.close()
 
     sp.stop(signal.SIGKILL)  # no clean shutdown: the restart must recover from the files alone

@@ -144,5 +144,5 @@ async def test_a_record_corrupted_on_disk_is_not_served(harness: NodeHarness) ->
     raw[HEADER_SIZE + batch.offsets[3] + STORED_RECORD_HEAD.size] ^= 0x04
     segment.write_bytes(bytes(raw))
     assert await c.record_list(1, 0, 0, 3) == make_records(0, 3)
-    with pytest.raises(StorageCorruptionError, match="transaction 3 .* failed verification"):
+    with pytest.raises(StorageCorruptionError, match=r"transaction 3 .* failed verification"):
         await c.record_list(1, 0, 0, 10)

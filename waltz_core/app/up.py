@@ -113,14 +113,15 @@ class LocalCluster:
         loaded = ClusterSpec.load(data_dir)
         self.reused = loaded is not None
         if loaded is None:
-            options = attrs.evolve(options, transport=options.transport or "tcp")
+            transport = options.transport or "tcp"
+            options = attrs.evolve(options, transport=transport)
             # Backends are named, not listed: any installed one, a plugin's too; a clear error otherwise.
             registries = default_registries()
-            registries.resolve("transport", options.transport)
+            registries.resolve("transport", transport)
             registries.resolve("coordination", options.coordination)
             node_tls, client_tls = _secure_options(data_dir, options) if options.secure else ({}, None)
             self.spec = ClusterSpec(data_dir, num_partitions=options.partitions, num_storages=options.storages,
-                                    num_servers=options.servers, transport=options.transport,
+                                    num_servers=options.servers, transport=transport,
                                     transport_options=node_tls, client_transport_options=client_tls,
                                     coordination=_coordination(attrs.evolve(options, data_dir=data_dir)))
         else:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ..errors import ClientError
@@ -121,24 +121,27 @@ class TransactionContext:
         """The partition of this transaction (``0 <= id < num_partitions``)."""
         raise NotImplementedError
 
-    def execute(self, builder: TransactionBuilder) -> bool:
-        """Fill ``builder``; return False to drop the transaction. May run many times (every retry)."""
+    def execute(self, builder: TransactionBuilder) -> bool | Awaitable[bool]:
+        """Fill ``builder``; return False to drop the transaction. May run many times (every retry).
+
+        May be ``async def`` with :class:`~waltz_core.client.AsyncWaltzClient` (so may the outcome
+        callbacks below); plain functions with :class:`~waltz_core.client.WaltzClient`."""
         raise NotImplementedError
 
     # -- outcome callbacks
-    def on_completion(self, result: bool) -> None:
+    def on_completion(self, result: bool) -> Awaitable[None] | None:
         """Committed (True, before its apply) or dropped by ``execute`` (False)."""
 
-    def on_application(self) -> None:
+    def on_application(self) -> Awaitable[None] | None:
         """``apply_transaction`` of this client's own transaction succeeded."""
 
-    def on_exception(self, exc: BaseException) -> None:
+    def on_exception(self, exc: BaseException) -> Awaitable[None] | None:
         """``execute`` raised or the client closed; no retry follows."""
 
-    def on_lock_failure(self) -> None:
+    def on_lock_failure(self) -> Awaitable[None] | None:
         """The server rejected an attempt on an optimistic-lock conflict (a retry follows)."""
 
-    def on_expiration(self) -> None:
+    def on_expiration(self) -> Awaitable[None] | None:
         """Deadline or retry limit reached; no retry follows."""
 
     # -- expiry bookkeeping (used by the client)
@@ -230,13 +233,14 @@ class WaltzClientCallbacks:
       high-water mark is not advanced and the transaction is delivered again after a re-mount.
     """
 
-    def client_high_water_mark(self, partition_id: int) -> int:
+    def client_high_water_mark(self, partition_id: int) -> int | Awaitable[int]:
         raise NotImplementedError
 
-    def apply_transaction(self, transaction: Transaction) -> None:
+    def apply_transaction(self, transaction: Transaction) -> Awaitable[None] | None:
         raise NotImplementedError
 
-    def uncaught_exception(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
+    def uncaught_exception(self, partition_id: int, transaction_id: int,
+                           exc: BaseException) -> Awaitable[None] | None:
         """Default: nothing (the client logs the exception)."""
 
 

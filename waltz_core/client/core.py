@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Self, TypeGuard
 
 from ..config import ClientProcessConfig
 from ..coordination.recipes import PartitionOwner
@@ -65,7 +65,7 @@ NOT_READY_RETRY = 0.5  #: seconds before a NOT_READY mount is retried (original)
 SLOT_WAIT = 10.0  #: seconds a submit waits for an in-flight slot before nudging with a flush (original)
 
 
-def _awaitable(result: Any) -> bool:
+def _awaitable(result: object) -> TypeGuard[Awaitable[Any]]:
     """``inspect.isawaitable`` with a fast answer for what callbacks usually return (None, a bool)."""
     return result is not None and result is not True and result is not False and inspect.isawaitable(result)
 
@@ -137,6 +137,10 @@ class _Partition:
 
     def next_seq(self) -> int:
         return next(self._seq) & _SEQ_MASK
+
+    def high_water_mark(self) -> float:
+        """The ``high_water_mark`` gauge's value."""
+        return self.hwm
 
     def release_slot(self) -> None:
         """Pass the slot to the oldest waiter, if any, else free it. One wake-up per released slot:
@@ -219,7 +223,7 @@ class AsyncWaltzClient:
 
     # ------------------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> AsyncWaltzClient:
+    async def start(self) -> Self:
         """Connect to the cluster and mount the partitions (does not wait for the mounts)."""
         if self._started:
             return self
@@ -277,7 +281,7 @@ class AsyncWaltzClient:
         self._dispatch.close()
         log.info("waltz client %d closed", self._client_id)
 
-    async def __aenter__(self) -> AsyncWaltzClient:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -322,7 +326,7 @@ class AsyncWaltzClient:
             p.received = p.hwm
             self._partitions[pid] = p
             self.metrics.gauge("high_water_mark", "Client high-water mark: the last transaction applied",
-                               {"partition": str(pid)}, fn=lambda p=p: p.hwm)
+                               {"partition": str(pid)}, fn=p.high_water_mark)
             assert self._loop is not None
             p.consumer = self._loop.create_task(self._consume(p), name=f"waltz-client-apply-p{pid}")
             self._bind(p, self._owners.get(pid))
@@ -648,7 +652,7 @@ class AsyncWaltzClient:
             await self._dispatch.call_retry(context.on_expiration)
             return
         pid = self._partition_of(context)
-        p = self._partitions.get(pid)  # type: ignore[assignment]
+        p = self._partitions.get(pid)
         if p is not None and p.state == "ready" and p.inflight < self._cap and p.ready.is_set():
             p.inflight += 1  # _acquire's answer when the partition is mounted and has a free slot
         else:
@@ -684,7 +688,7 @@ class AsyncWaltzClient:
                 await self._safe_retry_call(ctx.on_exception, ClientClosedError("the client was closed"))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # partition_id() raised, client ahead, ...
+            except Exception as exc:  # noqa: BLE001 - partition_id() raised, client ahead, ...: to on_exception
                 await self._safe_retry_call(ctx.on_exception, exc)
             finally:
                 self._retrying -= 1
@@ -703,7 +707,7 @@ class AsyncWaltzClient:
         builder = TransactionBuilder(pid, p.hwm)
         try:
             ok = await self._dispatch.call_retry(ctx.execute, builder)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the application's execute(): to on_exception
             p.release_slot()
             await self._safe_retry_call(ctx.on_exception, exc)
             return
@@ -754,7 +758,7 @@ class AsyncWaltzClient:
                 result = apply(txn)
                 if _awaitable(result):
                     await result
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the application's: to uncaught_exception
                 log.warning("client %d: apply_transaction(partition %d, transaction %d) failed: %r",
                             self._client_id, p.id, tid, exc)
                 await self._safe_retry_call(self.callbacks.uncaught_exception, p.id, tid, exc)
@@ -781,7 +785,7 @@ class AsyncWaltzClient:
             txn = Transaction(p.id, tid, header, req_id, self)
             try:
                 apply(txn)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the application's: to uncaught_exception
                 log.warning("client %d: apply_transaction(partition %d, transaction %d) failed: %r",
                             self._client_id, p.id, tid, exc)
                 _call_logged(self.callbacks.uncaught_exception, p.id, tid, exc)

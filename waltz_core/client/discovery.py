@@ -16,6 +16,8 @@ from ..coordination.recipes import PartitionOwner
 
 if TYPE_CHECKING:
     from ..config import CoordinationConfig
+    from ..coordination.base import CoordinationBackend
+    from ..coordination.recipes import AssignmentWatcher
     from ..plugins import Registries
 
 OwnersCallback = Callable[[dict[int, PartitionOwner]], None]
@@ -43,8 +45,8 @@ class CoordinationDiscovery:
     def __init__(self, config: CoordinationConfig, registries: Registries | None = None) -> None:
         self._config = config
         self._registries = registries
-        self._backend = None
-        self._watcher = None
+        self._backend: CoordinationBackend | None = None
+        self._watcher: AssignmentWatcher | None = None
 
     async def start(self, on_change: OwnersCallback) -> tuple[int, int]:
         from ..coordination import open_coordination
@@ -55,12 +57,12 @@ class CoordinationDiscovery:
         self._backend = backend
         try:
             client_id = await allocate_client_id(backend, self._config.root)
-            self._watcher = AssignmentWatcher(backend, self._config.root, on_change)
-            await self._watcher.start()
+            watcher = self._watcher = AssignmentWatcher(backend, self._config.root, on_change)
+            await watcher.start()
         except BaseException:
             await self.close()
             raise
-        return client_id, self._watcher.num_partitions
+        return client_id, watcher.num_partitions
 
     @property
     def owners(self) -> dict[int, PartitionOwner]:

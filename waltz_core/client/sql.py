@@ -35,8 +35,10 @@ from typing import Any
 from .api import Transaction, WaltzClientCallbacks
 
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
-_PLACEHOLDERS = {"qmark": lambda i, n: "?", "format": lambda i, n: "%s", "numeric": lambda i, n: f":{i}",
-                 "named": lambda i, n: f":{n}", "pyformat": lambda i, n: f"%({n})s"}
+#: paramstyle -> placeholder of the i-th (1-based) parameter named n
+_PLACEHOLDERS: dict[str, Callable[[int, str], str]] = {
+    "qmark": lambda i, n: "?", "format": lambda i, n: "%s", "numeric": lambda i, n: f":{i}",
+    "named": lambda i, n: f":{n}", "pyformat": lambda i, n: f"%({n})s"}
 
 
 class SqlClientCallbacks(WaltzClientCallbacks):
@@ -74,10 +76,10 @@ class SqlClientCallbacks(WaltzClientCallbacks):
                           partition_id, -1)
             return -1
         try:
-            return self._run(read)
-        except Exception:
+            return int(self._run(read))
+        except Exception:  # noqa: BLE001 - the driver's IntegrityError: any other failure recurs below
             # Another instance inserted the row first: read it.
-            return self._run(lambda conn: int(self._fetchone(
+            return int(self._run(lambda conn: self._fetchone(
                 conn, f"SELECT high_water_mark FROM {self.table} WHERE partition_id = {{0}}", partition_id)[0]))
 
     def apply_transaction(self, transaction: Transaction) -> None:

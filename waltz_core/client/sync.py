@@ -28,7 +28,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from ..config import ClientProcessConfig
 from ..errors import ClientError
@@ -220,7 +220,7 @@ class WaltzClient:
         finally:
             self._stop_loop()
 
-    def __enter__(self) -> WaltzClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,8 @@ def open_coordination(config: CoordinationConfig, registries: Registries | None 
     regs = registries or default_registries()
     info = regs.resolve("coordination", config.name)
     options: Any = backend_options(info.config_cls, config, "coordination")
-    return info.factory(config, options)  # type: ignore[no-any-return]
+    backend: CoordinationBackend = info.factory(config, options)
+    return backend
 
 
 __all__ = ["CoordinationBackend", "SessionState", "Versioned", "WatchHandle", "open_coordination"]

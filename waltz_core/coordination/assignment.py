@@ -39,9 +39,9 @@ def compute_assignment(num_partitions: int, servers: Sequence[ServerDescriptor],
 
     by_id = {s.server_id: s for s in live}
     held: dict[int, set[int]] = {s.server_id: set() for s in live}
-    for pid, info in previous.items():
-        if info.server_id in held and pid < num_partitions:
-            held[info.server_id].add(pid)
+    for pid, p in previous.items():
+        if p.server_id in held and pid < num_partitions:
+            held[p.server_id].add(pid)
     preferred = {s.server_id: [p for p in dict.fromkeys(s.preferred_partitions) if 0 <= p < num_partitions] for s in live}
 
     base, extra = divmod(num_partitions, len(live))
@@ -62,9 +62,9 @@ def compute_assignment(num_partitions: int, servers: Sequence[ServerDescriptor],
                 take(pid, server.server_id)
     for pid in range(num_partitions):
         info = previous.get(pid)
-        if pid not in owner and info is not None and info.server_id in quota:
-            if load[info.server_id] < quota[info.server_id]:
-                take(pid, info.server_id)
+        if (pid not in owner and info is not None and info.server_id in quota
+                and load[info.server_id] < quota[info.server_id]):
+            take(pid, info.server_id)
     for pid in range(num_partitions):
         if pid not in owner:
             server_id = min((sid for sid in quota if load[sid] < quota[sid]), key=lambda sid: (load[sid] - quota[sid], sid))

@@ -27,6 +27,7 @@ All SQLite calls run on one worker thread per backend, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import concurrent.futures
 import itertools
 import logging
@@ -288,9 +289,9 @@ class LocalCoordination:
             except Exception:  # a listener's bug must not stop the backend
                 log.exception("session listener %r failed", listener)
 
-    def _fire(self, changed: set[str] | None) -> None:
+    def _fire(self, changed: builtins.set[str] | None) -> None:
         """Call the watches of changed keys and of their parents (all of them when ``changed`` is None)."""
-        parents = set() if changed is None else {_parent(p) for p in changed}
+        parents: builtins.set[str] = set() if changed is None else {_parent(p) for p in changed}
         for watch in list(self._watches.values()):
             if changed is None or watch.key in changed or watch.key in parents:
                 try:
@@ -448,7 +449,7 @@ class LocalCoordination:
             log.info("local coordination: reaping expired session %s", session_id)
             self._reap_session(con, session_id)
 
-    def _poll_sync(self, last_revision: int) -> tuple[int, set[str] | None]:
+    def _poll_sync(self, last_revision: int) -> tuple[int, builtins.set[str] | None]:
         con = self._db()
         now = time.time()
         if con.execute("SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (now,)).fetchone():

@@ -113,6 +113,10 @@ def _pid(info: PartitionInfo) -> int:
     return info.partition_id
 
 
+def _by_partition_id(infos: Iterable[PartitionInfo]) -> tuple[PartitionInfo, ...]:
+    return tuple(sorted(infos, key=_pid))
+
+
 @attrs.frozen(slots=True)
 class PartitionAssignment:
     """``<root>/serverDescriptors``: which server owns each partition, with generations.
@@ -122,7 +126,7 @@ class PartitionAssignment:
     """
 
     num_partitions: int
-    partitions: tuple[PartitionInfo, ...] = attrs.field(default=(), converter=lambda ps: tuple(sorted(ps, key=_pid)))
+    partitions: tuple[PartitionInfo, ...] = attrs.field(default=(), converter=_by_partition_id)
 
     def by_partition(self) -> dict[int, PartitionInfo]:
         return {p.partition_id: p for p in self.partitions}

@@ -80,7 +80,6 @@ def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
     def callback(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
                  session_timeout: float | None, **kwargs: Any) -> T:
         from . import open_coordination
-
         from .recipes import Paths
 
         config = _load_config(config_path, backend_name, connect, root, session_timeout).coordination

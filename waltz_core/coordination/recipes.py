@@ -25,8 +25,8 @@ import attrs
 
 from ..errors import (
     CasConflictError,
-    ConfigError,
     ClusterNotFoundError,
+    ConfigError,
     CoordinationError,
     MetadataEditError,
     NodeExistsError,
@@ -402,9 +402,18 @@ class StoreMetadata:
         async with self.admin_lock():
             if storage in await self.get_groups() or storage in await self.get_replica_assignments():
                 raise NodeExistsError(f"storage node {storage} is already part of the cluster under {self.root}")
-            await self._edit(self.paths.group, parse_str_int_map, lambda m: {**m, storage: group})
-            await self._edit(self.paths.connection, parse_admin_map, lambda m: {**m, storage: entry})
-            await self._edit(self.paths.assignment, parse_replica_assignments, lambda m: {**m, storage: []})
+            def with_group(m: dict[str, int]) -> dict[str, int]:
+                return {**m, storage: group}
+
+            def with_admin(m: dict[str, int | str]) -> dict[str, int | str]:
+                return {**m, storage: entry}
+
+            def with_no_partitions(m: dict[str, list[int]]) -> dict[str, list[int]]:
+                return {**m, storage: []}
+
+            await self._edit(self.paths.group, parse_str_int_map, with_group)
+            await self._edit(self.paths.connection, parse_admin_map, with_admin)
+            await self._edit(self.paths.assignment, parse_replica_assignments, with_no_partitions)
 
     async def remove_storage_node(self, storage: str) -> None:
         """Remove a storage node; refused (MetadataEditError) while it still has partitions assigned."""
@@ -433,8 +442,10 @@ class StoreMetadata:
             already = sorted(set(ids) & set(current[storage]))
             if already:
                 raise MetadataEditError(f"partitions {format_partition_ranges(already)} are already assigned to {storage}")
-            await self._edit(self.paths.assignment, parse_replica_assignments,
-                             lambda m: {**m, storage: sorted(set(m.get(storage, [])) | set(ids))})
+            def with_added(m: dict[str, list[int]]) -> dict[str, list[int]]:
+                return {**m, storage: sorted(set(m.get(storage, [])) | set(ids))}
+
+            await self._edit(self.paths.assignment, parse_replica_assignments, with_added)
 
     async def unassign_partitions(self, storage: str, partitions: Iterable[int]) -> None:
         """Remove replicas of ``partitions`` from ``storage``; refused for partitions not assigned there."""
@@ -446,8 +457,10 @@ class StoreMetadata:
             missing = sorted(set(ids) - set(current[storage]))
             if missing:
                 raise MetadataEditError(f"partitions {format_partition_ranges(missing)} are not assigned to {storage}")
-            await self._edit(self.paths.assignment, parse_replica_assignments,
-                             lambda m: {**m, storage: sorted(set(m.get(storage, [])) - set(ids))})
+            def with_removed(m: dict[str, list[int]]) -> dict[str, list[int]]:
+                return {**m, storage: sorted(set(m.get(storage, [])) - set(ids))}
+
+            await self._edit(self.paths.assignment, parse_replica_assignments, with_removed)
 
     async def auto_assign(self, group: int) -> dict[str, list[int]]:
         """Round-robin every partition over the nodes of ``group`` (sorted by ``host:port``); return the result.
@@ -467,11 +480,19 @@ class StoreMetadata:
             planned: dict[str, list[int]] = {s: [] for s in nodes}
             for pid in range(params.num_partitions):
                 planned[nodes[pid % len(nodes)]].append(pid)
-            await self._edit(self.paths.assignment, parse_replica_assignments, lambda m: {**m, **planned})
+
+            def with_planned(m: dict[str, list[int]]) -> dict[str, list[int]]:
+                return {**m, **planned}
+
+            await self._edit(self.paths.assignment, parse_replica_assignments, with_planned)
             return planned
 
 
 # ------------------------------------------------------------------ membership and assignment
+
+
+def _generations(partitions: Mapping[int, int]) -> dict[int, int]:
+    return dict(partitions)
 
 
 @attrs.frozen(slots=True)
@@ -480,7 +501,7 @@ class ServerAssignment:
 
     server_id: int
     endpoint: str
-    partitions: Mapping[int, int] = attrs.field(factory=dict, converter=dict)  #: partition id -> generation
+    partitions: Mapping[int, int] = attrs.field(factory=dict, converter=_generations)  #: partition id -> generation
     num_partitions: int = 0
 
 

@@ -409,7 +409,7 @@ class _Counting(WaltzClientCallbacks):
         if self.with_data:
             try:
                 data = await transaction.fetch_data()
-            except Exception as exc:  # reported, ends the run
+            except Exception as exc:  # noqa: BLE001 - reported, ends the run
                 self.error = exc
                 self.done.set()
                 return

@@ -79,8 +79,8 @@ def top_functions(collapsed: Path, limit: int = 15) -> list[str]:
     if not total:
         return ["(no samples)"]
     lines = [f"{'own %':>6} {'incl %':>6}  function ({total} samples)"]
-    for name, n in own.most_common(limit):
-        lines.append(f"{100 * n / total:6.1f} {100 * inclusive[name] / total:6.1f}  {name}")
+    for name, samples in own.most_common(limit):
+        lines.append(f"{100 * samples / total:6.1f} {100 * inclusive[name] / total:6.1f}  {name}")
     return lines
 
 

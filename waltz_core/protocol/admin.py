@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import ClassVar, Final, Union
+from typing import ClassVar, Final, TypeAlias
 
 import attrs
 
@@ -117,12 +117,12 @@ class AssignedPartitionStatusResponse:
     statuses: tuple[tuple[int, bool], ...]  #: (partition id, assigned and available)
 
 
-AdminMessage = Union[
-    AdminSuccessResponse, AdminFailureResponse, AdminOpenRequest, PartitionAvailableRequest,
-    PartitionAssignmentRequest, AdminRecordListRequest, AdminRecordListResponse, AdminLastSessionInfoRequest,
-    AdminLastSessionInfoResponse, MetricsRequest, MetricsResponse, AssignedPartitionStatusRequest,
-    AssignedPartitionStatusResponse,
-]
+AdminMessage: TypeAlias = (
+    AdminSuccessResponse | AdminFailureResponse | AdminOpenRequest | PartitionAvailableRequest |
+    PartitionAssignmentRequest | AdminRecordListRequest | AdminRecordListResponse | AdminLastSessionInfoRequest |
+    AdminLastSessionInfoResponse | MetricsRequest | MetricsResponse | AssignedPartitionStatusRequest |
+    AssignedPartitionStatusResponse
+)
 MESSAGES: Final[tuple[type, ...]] = (
     AdminSuccessResponse, AdminFailureResponse, AdminOpenRequest, PartitionAvailableRequest,
     PartitionAssignmentRequest, AdminRecordListRequest, AdminRecordListResponse, AdminLastSessionInfoRequest,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import ClassVar, Final, Union
+from collections.abc import Callable
+from typing import Any, ClassVar, Final, TypeAlias
 
 import attrs
 
@@ -235,15 +236,15 @@ class TransactionDataRangeResponse:
     error: str | None
 
 
-ClientMessage = Union[
-    MountRequest, MountResponse, AppendRequest, FeedRequest, FeedData, FeedSuspended,
-    TransactionDataRequest, TransactionDataResponse, FlushRequest, FlushResponse, LockFailure,
-    HighWaterMarkRequest, HighWaterMarkResponse, CheckStorageConnectivityRequest,
-    CheckStorageConnectivityResponse, ServerPartitionsAssignmentRequest, ServerPartitionsAssignmentResponse,
-    AddPreferredPartitionRequest, AddPreferredPartitionResponse, RemovePreferredPartitionRequest,
-    RemovePreferredPartitionResponse, ServerPartitionsHealthStatRequest, ServerPartitionsHealthStatResponse,
-    TransactionDataRangeRequest, TransactionDataRangeResponse,
-]
+ClientMessage: TypeAlias = (
+    MountRequest | MountResponse | AppendRequest | FeedRequest | FeedData | FeedSuspended | TransactionDataRequest |
+    TransactionDataResponse | FlushRequest | FlushResponse | LockFailure | HighWaterMarkRequest |
+    HighWaterMarkResponse | CheckStorageConnectivityRequest | CheckStorageConnectivityResponse |
+    ServerPartitionsAssignmentRequest | ServerPartitionsAssignmentResponse | AddPreferredPartitionRequest |
+    AddPreferredPartitionResponse | RemovePreferredPartitionRequest | RemovePreferredPartitionResponse |
+    ServerPartitionsHealthStatRequest | ServerPartitionsHealthStatResponse | TransactionDataRangeRequest |
+    TransactionDataRangeResponse
+)
 
 MESSAGES: Final[tuple[type, ...]] = (
     MountRequest, MountResponse, AppendRequest, FeedRequest, FeedData, FeedSuspended,
@@ -263,8 +264,9 @@ _MOUNT_REQ: Final = struct.Struct(">biiiiqq")
 _MOUNT_RESP: Final = struct.Struct(">biiiii")
 _HEAD_BOOL: Final = struct.Struct(">biiiib")
 
-_LONG_BODIED = {FeedRequest: "client_high_water_mark", TransactionDataRequest: "transaction_id",
-                FlushResponse: "transaction_id", LockFailure: "transaction_id", HighWaterMarkResponse: "transaction_id"}
+_LONG_BODIED: dict[type, str] = {
+    FeedRequest: "client_high_water_mark", TransactionDataRequest: "transaction_id", FlushResponse: "transaction_id",
+    LockFailure: "transaction_id", HighWaterMarkResponse: "transaction_id"}
 _EMPTY_BODIED = (FeedSuspended, FlushRequest, HighWaterMarkRequest, CheckStorageConnectivityRequest,
                  ServerPartitionsAssignmentRequest, ServerPartitionsHealthStatRequest)
 
@@ -416,7 +418,7 @@ def _enc_txn_data_range_resp(m: TransactionDataRangeResponse) -> bytes:
     return b"".join(out)
 
 
-_ENCODERS: dict[type, object] = {
+_ENCODERS: dict[type, Callable[[Any], bytes]] = {
     TransactionDataRangeRequest: _enc_txn_data_range_req,
     TransactionDataRangeResponse: _enc_txn_data_range_resp,
     MountRequest: _enc_mount_req,
@@ -453,7 +455,9 @@ def decode(buf: bytes | memoryview) -> ClientMessage:
         return FeedData(ReqId(c, g, p, s), t, h)
     if kind == 2:
         return _dec_append(buf)
-    return _DECODERS[kind](Reader(buf, 1, _NAMES[kind]))  # type: ignore[operator]
+    decoder = _DECODERS[kind]
+    assert decoder is not None  # the kinds without one took their fast path above
+    return decoder(Reader(buf, 1, _NAMES[kind]))
 
 
 def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
@@ -464,23 +468,27 @@ def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
     """
     if len(buf) != _FEED_DATA.size or buf[0] != 4:
         return None
-    return _FEED_DATA.unpack(buf)[1:]  # type: ignore[return-value]
+    return _FEED_DATA.unpack(buf)[1:]
 
 
-def _dec_req(cls: type) -> object:
+_Decoder: TypeAlias = Callable[[Reader], ClientMessage]
+
+
+def _dec_req(cls: Callable[[ReqId], ClientMessage]) -> _Decoder:
     def dec(r: Reader) -> ClientMessage:
         q = r.req_id()
         r.done()
-        return cls(q)  # type: ignore[no-any-return]
+        return cls(q)
     return dec
 
 
-def _dec_long(cls: type) -> object:
+def _dec_long(cls: type[Any]) -> _Decoder:
     def dec(r: Reader) -> ClientMessage:
         q = r.req_id()
         v = r.i64(_LONG_BODIED[cls])
         r.done()
-        return cls(q, v)  # type: ignore[no-any-return]
+        msg: ClientMessage = cls(q, v)
+        return msg
     return dec
 
 
@@ -585,21 +593,21 @@ def _dec_statuses(r: Reader) -> CheckStorageConnectivityResponse:
     return CheckStorageConnectivityResponse(q, statuses)
 
 
-def _dec_ids(cls: type) -> object:
+def _dec_ids(cls: Callable[[ReqId, tuple[int, ...]], ClientMessage]) -> _Decoder:
     def dec(r: Reader) -> ClientMessage:
         q = r.req_id()
         ids = r.int_array("partition ids")
         r.done()
-        return cls(q, ids)  # type: ignore[no-any-return]
+        return cls(q, ids)
     return dec
 
 
-def _dec_ok(cls: type) -> object:
+def _dec_ok(cls: Callable[[ReqId, bool], ClientMessage]) -> _Decoder:
     def dec(r: Reader) -> ClientMessage:
         q = r.req_id()
         ok = r.bool("result")
         r.done()
-        return cls(q, ok)  # type: ignore[no-any-return]
+        return cls(q, ok)
     return dec
 
 
@@ -647,7 +655,7 @@ def _dec_txn_data_range_resp(r: Reader) -> TransactionDataRangeResponse:
     return TransactionDataRangeResponse(q, first, tuple(data), tuple(checksums), error)
 
 
-_DECODERS: tuple[object, ...] = (
+_DECODERS: tuple[_Decoder | None, ...] = (
     _dec_mount_req,
     _dec_mount_resp,
     None,  # AppendRequest: fast path in decode()

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import ClassVar, Final, Union
+from collections.abc import Iterable
+from typing import ClassVar, Final, TypeAlias
 
 import attrs
 
@@ -78,6 +79,11 @@ class SetLowWaterMarkRequest:
     offline: bool = False
 
 
+def _record_batch(records: RecordBatch | Iterable[Record]) -> RecordBatch:
+    """:meth:`RecordBatch.of` as a function: mypy's attrs plugin takes no classmethod for a converter."""
+    return RecordBatch.of(records)
+
+
 @attrs.frozen(slots=True)
 class TruncateRequest:
     TYPE: ClassVar[int] = 5
@@ -95,7 +101,7 @@ class StorageAppendRequest:
     seq_num: int
     partition_id: int
     #: records in the stored layout; Records (any iterable) are encoded on construction
-    records: RecordBatch = attrs.field(converter=RecordBatch.of)
+    records: RecordBatch = attrs.field(converter=_record_batch)
     offline: bool = False
 
 
@@ -206,15 +212,15 @@ class RecordListResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    records: RecordBatch = attrs.field(converter=RecordBatch.of)  #: as read from the storage files
+    records: RecordBatch = attrs.field(converter=_record_batch)  #: as read from the storage files
 
 
-StorageMessage = Union[
-    OpenRequest, LastSessionInfoRequest, LastSessionInfoResponse, SetLowWaterMarkRequest, TruncateRequest,
-    StorageAppendRequest, SuccessResponse, FailureResponse, RecordHeaderRequest, RecordHeaderResponse,
-    RecordRequest, RecordResponse, MaxTransactionIdRequest, MaxTransactionIdResponse,
-    RecordHeaderListRequest, RecordHeaderListResponse, RecordListRequest, RecordListResponse,
-]
+StorageMessage: TypeAlias = (
+    OpenRequest | LastSessionInfoRequest | LastSessionInfoResponse | SetLowWaterMarkRequest | TruncateRequest |
+    StorageAppendRequest | SuccessResponse | FailureResponse | RecordHeaderRequest | RecordHeaderResponse |
+    RecordRequest | RecordResponse | MaxTransactionIdRequest | MaxTransactionIdResponse | RecordHeaderListRequest |
+    RecordHeaderListResponse | RecordListRequest | RecordListResponse
+)
 
 MESSAGES: Final[tuple[type, ...]] = (
     OpenRequest, LastSessionInfoRequest, LastSessionInfoResponse, SetLowWaterMarkRequest, TruncateRequest,

@@ -8,13 +8,14 @@ length prefix costs nothing but a :class:`~waltz_core.errors.ProtocolError`.
 
 from __future__ import annotations
 
+import builtins
 import struct
 import uuid
 import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Final, overload
+from typing import Any, Final, overload
 
 import attrs
 
@@ -94,7 +95,7 @@ def encode_stored_record(transaction_id: int, req_id: ReqId, header: int, data: 
     return b"".join((head, data, U32.pack(zlib.crc32(data, zlib.crc32(head)))))
 
 
-def _walk_batch(buf: bytes | memoryview, count: int, first_transaction_id: int, offsets: array, base: int,
+def _walk_batch(buf: bytes | memoryview, count: int, first_transaction_id: int, offsets: array[int], base: int,
                 verify: bool) -> None:
     """Append ``base + offset`` of each record of ``buf`` to ``offsets``; ProtocolError if malformed.
 
@@ -146,7 +147,7 @@ class RecordBatch(Sequence[Record]):
     __slots__ = ("data", "first_transaction_id", "_count", "_offsets")
 
     def __init__(self, data: bytes | memoryview, count: int, first_transaction_id: int,
-                 offsets: array | None = None) -> None:
+                 offsets: array[int] | None = None) -> None:
         self.data = data
         self.first_transaction_id = first_transaction_id
         self._count = count
@@ -182,7 +183,7 @@ class RecordBatch(Sequence[Record]):
         return len(self.data)
 
     @property
-    def offsets(self) -> array:
+    def offsets(self) -> array[int]:
         """Start of each record in :attr:`data` (bounds and ids checked once; ProtocolError if malformed)."""
         offsets = self._offsets
         if offsets is None:
@@ -191,7 +192,7 @@ class RecordBatch(Sequence[Record]):
             self._offsets = offsets
         return offsets
 
-    def validate_into(self, offsets: array, base: int = 0) -> None:
+    def validate_into(self, offsets: array[int], base: int = 0) -> None:
         """Check every record (bounds, contiguous ids, record and data checksums) and append
         ``base + offset`` of each to ``offsets``; nothing is appended if any check fails.
 
@@ -248,7 +249,7 @@ class RecordBatch(Sequence[Record]):
             return (self._count == other._count and self.first_transaction_id == other.first_transaction_id
                     and self.data == other.data)
         if isinstance(other, (list, tuple)):
-            return len(other) == self._count and all(a == b for a, b in zip(self, other))
+            return len(other) == self._count and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -287,11 +288,12 @@ class Reader:
         self.pos = pos + n
         return pos
 
-    def unpack(self, st: struct.Struct, field: str) -> tuple:
+    def unpack(self, st: struct.Struct, field: str) -> tuple[Any, ...]:
         return st.unpack_from(self.buf, self._need(st.size, field))
 
     def i8(self, field: str) -> int:
-        return I8.unpack_from(self.buf, self._need(1, field))[0]
+        v: int = I8.unpack_from(self.buf, self._need(1, field))[0]
+        return v
 
     def bool(self, field: str) -> bool:
         v = self.buf[self._need(1, field)]
@@ -300,13 +302,16 @@ class Reader:
         return v == 1
 
     def i32(self, field: str) -> int:
-        return I32.unpack_from(self.buf, self._need(4, field))[0]
+        v: int = I32.unpack_from(self.buf, self._need(4, field))[0]
+        return v
 
     def u32(self, field: str) -> int:
-        return U32.unpack_from(self.buf, self._need(4, field))[0]
+        v: int = U32.unpack_from(self.buf, self._need(4, field))[0]
+        return v
 
     def i64(self, field: str) -> int:
-        return I64.unpack_from(self.buf, self._need(8, field))[0]
+        v: int = I64.unpack_from(self.buf, self._need(8, field))[0]
+        return v
 
     def count(self, field: str, element_size: int) -> int:
         """A non-negative element count whose elements must fit in the bytes left."""
@@ -331,12 +336,12 @@ class Reader:
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"{self.what}: {field} is not valid UTF-8 ({exc.reason})") from None
 
-    def int_array(self, field: str) -> tuple[int, ...]:
+    def int_array(self, field: builtins.str) -> tuple[int, ...]:
         n = self.count(field, 4)
         pos = self._need(4 * n, field)
         return struct.unpack_from(f">{n}i", self.buf, pos)
 
-    def uuid(self, field: str) -> uuid.UUID:
+    def uuid(self, field: builtins.str) -> uuid.UUID:
         return uuid.UUID(bytes=UUID.unpack_from(self.buf, self._need(16, field))[0])
 
     def req_id(self) -> ReqId:
@@ -356,7 +361,7 @@ class Reader:
         self.pos = pos + n + 4
         return Record(t, ReqId(c, g, p, s), h, data, checksum)
 
-    def records(self, field: str) -> tuple[Record, ...]:
+    def records(self, field: builtins.str) -> tuple[Record, ...]:
         # Hot path (storage appends and record lists): same checks as record(), in one loop.
         n = self.count(field, RECORD_HEAD.size + 4)
         buf, end, pos = self.buf, self.end, self.pos
@@ -376,7 +381,7 @@ class Reader:
         self.pos = pos
         return tuple(out)
 
-    def record_batch(self, field: str) -> RecordBatch:
+    def record_batch(self, field: builtins.str) -> RecordBatch:
         """A record batch; only its head is checked here (O(1)): the bytes are a view, walked later."""
         count, first, nbytes = self.unpack(RECORD_BATCH_HEAD, field)
         if count < 0 or nbytes < 0:
@@ -386,7 +391,7 @@ class Reader:
         pos = self._need(nbytes, field)
         return RecordBatch(memoryview(self.buf)[pos : pos + nbytes], count, first)
 
-    def record_headers(self, field: str) -> tuple[RecordHeader, ...]:
+    def record_headers(self, field: builtins.str) -> tuple[RecordHeader, ...]:
         n = self.count(field, RECORD_HEADER.size)
         return tuple(self.record_header() for _ in range(n))
 

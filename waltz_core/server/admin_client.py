@@ -34,7 +34,7 @@ class ServerAdminClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, make: Any, response_type: type) -> Any:
+    async def _call(self, make: Any, response_type: type[Any]) -> Any:
         async with self._lock:
             req_id = ReqId(-1, -1, -1, next(self._seq))
             await self._channel.send(make(req_id))

@@ -18,19 +18,19 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, final
 
 import attrs
 
 from ..config import ServerConfig
 from ..errors import WaltzError
+from ..inbox import Inbox
+from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
+from ..metrics import Histogram
 from ..protocol import client as m
 from ..protocol.client import DATA_RANGE_ITEM_OVERHEAD, encode_feed_data
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.wire import Record, RecordHeader, ReqId
-from ..metrics import Histogram
-from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
-from ..inbox import Inbox
 from .caches import CacheBudget, DataCache, FeedCache
 from .link import ClientLink
 
@@ -79,7 +79,7 @@ class Store(Protocol):
     async def flush(self) -> None:
         """Wait until every append handed over so far is committed or failed."""
 
-    async def read_headers(self, first: int, max_count: int) -> list[RecordHeader]: ...
+    async def read_headers(self, first: int, max_count: int) -> Sequence[RecordHeader]: ...
 
     async def read_record(self, transaction_id: int) -> Record | None: ...
 
@@ -117,6 +117,7 @@ class _ClientSlot:
     position: int = -1  #: highest transaction id fed to this client
 
 
+@final  # so that `type(item) is _Barrier` tells a type checker what item is otherwise
 @attrs.define(slots=True)
 class _Barrier:
     """A flush or mount queued behind the appends before it."""
@@ -244,12 +245,12 @@ class Partition:
             if not inbox:
                 await inbox.wait()
             item = inbox.popleft()
-            (item.link if type(item) is _Barrier else item[1]).inbound_done()  # type: ignore[union-attr]
+            (item.link if type(item) is _Barrier else item[1]).inbound_done()
             try:
                 if type(item) is _Barrier:
-                    await self._barrier(item)  # type: ignore[arg-type]
-                elif not self._append_now(*item):  # type: ignore[misc]
-                    await self._append(*item)  # type: ignore[misc]
+                    await self._barrier(item)
+                elif not self._append_now(*item):
+                    await self._append(*item)
             except asyncio.CancelledError:
                 raise
             except WaltzError as exc:

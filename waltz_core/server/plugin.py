@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
 import click
 
 from ..cli.logs import log_format_option
 from ..cli.output import console, echo_json, json_option, refused_flag
 from ..hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from ..coordination.base import CoordinationBackend
+    from ..transport.base import Transport
+
+T = TypeVar("T")
 
 
 @click.group("server")
@@ -124,7 +133,8 @@ def partitions(server: str, config_path: str | None, as_json: bool) -> None:
 
 
 def _cluster_call(config_path: str | None, backend_name: str | None, connect: str | None, root: str | None,
-                  session_timeout: float | None, body: object) -> object:
+                  session_timeout: float | None,
+                  body: Callable[[CoordinationBackend, str, Transport], Awaitable[T]]) -> T:
     """Open coordination and transport from the CLI options, run ``body(backend, root, transport)``."""
     import asyncio
 
@@ -134,12 +144,12 @@ def _cluster_call(config_path: str | None, backend_name: str | None, connect: st
 
     config = _load_config(config_path, backend_name, connect, root, session_timeout)
 
-    async def run() -> object:
+    async def run() -> T:
         backend = open_coordination(config.coordination)
         await backend.start()
         transport = open_transport(config.transport)
         try:
-            return await body(backend, config.coordination.root, transport)  # type: ignore[operator]
+            return await body(backend, config.coordination.root, transport)
         finally:
             await transport.aclose()
             await backend.close()
@@ -161,12 +171,12 @@ def _cluster_commands() -> list[click.Command]:
         result = _cluster_call(config_path, backend_name, connect, root, session_timeout,
                                lambda b, r, t: check(b, r, t))
         if as_json:
-            echo_json({"servers": {server: statuses for server, statuses in result.items()}})  # type: ignore[attr-defined]
-            if any(st is None or not all(st.values()) for st in result.values()):  # type: ignore[attr-defined]
+            echo_json({"servers": {server: statuses for server, statuses in result.items()}})
+            if any(st is None or not all(st.values()) for st in result.values()):
                 raise SystemExit(1)
             return
         bad = False
-        for server, statuses in sorted(result.items()):  # type: ignore[attr-defined]
+        for server, statuses in sorted(result.items()):
             if statuses is None:
                 click.echo(f"Connectivity status of {server} is: UNREACHABLE")
                 bad = True
@@ -198,23 +208,23 @@ def _cluster_commands() -> list[click.Command]:
         checks = _cluster_call(config_path, backend_name, connect, root, session_timeout,
                                lambda b, r, t: verify(b, r, t, ids, timeout))
         if as_json:
-            failed = [c for c in checks if not c.ok]  # type: ignore[attr-defined]
+            failed = [c for c in checks if not c.ok]
             echo_json({"checks": [{"partition": c.partition, "check": c.name, "ok": c.ok, "detail": c.detail}
-                                  for c in checks],  # type: ignore[attr-defined]
-                       "passed": len(checks) - len(failed), "failed": len(failed)})  # type: ignore[arg-type]
+                                  for c in checks],
+                       "passed": len(checks) - len(failed), "failed": len(failed)})
             if failed:
                 raise SystemExit(1)
             return
         table = Table(title="cluster verification", title_justify="left")
         for col in ("partition", "check", "result", "detail"):
             table.add_column(col)
-        failed = 0
-        for c in checks:  # type: ignore[attr-defined]
-            failed += not c.ok
+        n_failed = 0
+        for c in checks:
+            n_failed += not c.ok
             table.add_row(str(c.partition), c.name, "ok" if c.ok else "[red]FAILED[/red]", c.detail)
         console().print(table)
-        click.echo(f"{len(checks) - failed} of {len(checks)} checks passed")  # type: ignore[arg-type]
-        if failed:
+        click.echo(f"{len(checks) - n_failed} of {len(checks)} checks passed")
+        if n_failed:
             raise SystemExit(1)
 
     return [check_connectivity, verify_command]

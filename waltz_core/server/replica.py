@@ -19,7 +19,10 @@ from ..protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
 
 
 class ReplicaApi(Protocol):
-    endpoint: str  #: "host:port" of the storage node (the replica id of the metadata)
+    @property
+    def endpoint(self) -> str:
+        """"host:port" of the storage node (the replica id of the metadata)."""
+        ...
 
     async def last_session_info(self, session_id: int, partition_id: int) -> SessionInfo: ...
 

@@ -24,12 +24,12 @@ import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..config import ServerConfig
+from ..coordination.metadata import UNRESOLVED, ReplicaState
 from ..errors import CasConflictError, GenerationMismatchError, PartitionNotReadyError, WaltzError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
-from ..coordination.metadata import UNRESOLVED, ReplicaState
 from .recovery import Recovery
 from .replica import ReplicaApi
 from .vote import quorum_of
@@ -42,6 +42,8 @@ UNSAFE_ACK_BEFORE_QUORUM = os.environ.get("WALTZ_UNSAFE_ACK_BEFORE_QUORUM", "") 
 if UNSAFE_ACK_BEFORE_QUORUM:
     log.warning("UNSAFE: WALTZ_UNSAFE_ACK_BEFORE_QUORUM=1 - transactions commit on ONE replica's acknowledgement; "
                 "a replica failure can lose them. For negative-control tests only.")
+
+_R = TypeVar("_R")
 
 
 class MetadataAccess(Protocol):
@@ -134,7 +136,7 @@ class _ReplicaSession:
             raise
         except WaltzError as exc:
             s.replica_failed(self, exc)
-        except Exception as exc:  # noqa: BLE001 - a bug in one replica session must reset the session, not hang it
+        except Exception as exc:  # a bug in one replica session must reset the session, not hang it
             log.exception("partition %d: replica session %s crashed", pid, self.endpoint)
             s.replica_failed(self, exc)
 
@@ -460,7 +462,7 @@ class ReplicatedStore:
             return []
         return [r for r in s.replicas.values() if r.clean and r.acked >= needed]
 
-    async def read_headers(self, first: int, max_count: int) -> list[RecordHeader]:
+    async def read_headers(self, first: int, max_count: int) -> Sequence[RecordHeader]:
         return await self._read(first, lambda r, sid: r.api.record_header_list(sid, self.partition_id, first, max_count))
 
     async def read_record(self, transaction_id: int) -> Record | None:
@@ -473,7 +475,7 @@ class ReplicatedStore:
         it came: each Record is decoded only when iterated."""
         return await self._read(first, lambda r, sid: r.api.record_list(sid, self.partition_id, first, max_count))
 
-    async def _read(self, needed: int, call: Callable[[_ReplicaSession, int], Awaitable[list]]) -> list:  # type: ignore[type-arg]
+    async def _read(self, needed: int, call: Callable[[_ReplicaSession, int], Awaitable[_R]]) -> _R:
         last: Exception | None = None
         for _ in range(3):
             s = self.session

@@ -96,9 +96,10 @@ async def verify(backend: CoordinationBackend, root: str, transport: Transport,
 
     endpoints = sorted({p.endpoint for p in assignment.partitions if p.endpoint})
     storages = sorted(replicas)
-    views = await asyncio.gather(*map(server_view, endpoints), *map(storage_view, storages))
-    server_views = dict(zip(endpoints, views[:len(endpoints)], strict=True))
-    storage_views = dict(zip(storages, views[len(endpoints):], strict=True))
+    server_results, storage_results = await asyncio.gather(asyncio.gather(*map(server_view, endpoints)),
+                                                           asyncio.gather(*map(storage_view, storages)))
+    server_views = dict(zip(endpoints, server_results, strict=True))
+    storage_views = dict(zip(storages, storage_results, strict=True))
 
     checks: list[Check] = []
     for pid in pids:

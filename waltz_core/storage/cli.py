@@ -355,7 +355,8 @@ def validate_command(address: str | None, config_path: str | None, replica: str,
     if address is None and (config_path is None or _process_of(config_path, None) != "storage"):
         raise click.UsageError("give the node to check: -a HOST:ADMIN_PORT (running) or -c storage.toml (stopped)")
     offline = address is None
-    config = load(StorageProcessConfig if offline else CliConfig, config_path)
+    config: StorageProcessConfig | CliConfig = (load(StorageProcessConfig, config_path) if offline
+                                                else load(CliConfig, config_path))
 
     async def main() -> list[Any]:
         from ..plugins import default_registries
@@ -365,10 +366,11 @@ def validate_command(address: str | None, config_path: str | None, replica: str,
         key, n = await _params(config, cluster_key, num_partitions)
         transport = open_transport(config.transport)
         other = await StorageAdminClient.connect(transport, replica, key, n)
-        node = layout = None
+        node: StorageAdminClient | None = None
+        layout: Any = None
         try:
-            if offline:
-                cfg = config.storage  # type: ignore[attr-defined]
+            if isinstance(config, StorageProcessConfig):
+                cfg = config.storage
                 layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
                 try:
                     layout.open(key, n)
@@ -377,16 +379,19 @@ def validate_command(address: str | None, config_path: str | None, replica: str,
                 ids = partitions if partitions is not None else [
                     p for p in range(n) if _assigned(layout, p)]
             else:
+                assert address is not None  # refused above when neither is given
                 node = await StorageAdminClient.connect(transport, address, key, n)
                 ids = partitions if partitions is not None else sorted(await node.assigned_partition_status())
             out = []
             for pid in ids:
-                local = layout.open_partition(pid) if layout is not None else node
+                if node is not None:
+                    out.append(await compare_partition(node, other, pid))
+                    continue
+                local = layout.open_partition(pid)
                 try:
                     out.append(await compare_partition(local, other, pid))
                 finally:
-                    if layout is not None:
-                        local.close()
+                    local.close()
             return out
         finally:
             if layout is not None:

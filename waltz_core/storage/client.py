@@ -56,7 +56,8 @@ class _Pipeline:
     other than :meth:`close` (the server's view of storage health listens to it).
     """
 
-    def __init__(self, channel: MessageChannel, failure_types: tuple[type, ...],
+    def __init__(self, channel: MessageChannel,
+                 failure_types: tuple[type[sm.FailureResponse] | type[am.AdminFailureResponse], ...],
                  request_timeout: float | None = None,
                  on_failure: Callable[[WaltzError], None] | None = None) -> None:
         self.channel = channel
@@ -198,6 +199,11 @@ class StorageClient:
             await client.close()
             raise
         return client
+
+    @property
+    def endpoint(self) -> str:
+        """:attr:`address`, as :class:`~waltz_core.server.replica.ReplicaApi` names it."""
+        return self.address
 
     @property
     def closed(self) -> bool:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import uuid
 from array import array
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -49,7 +49,7 @@ class PartitionStore(Protocol):
         Durable on return with one fdatasync of the data file for the whole batch.
         """
 
-    def append_validated(self, records: bytes | memoryview, offsets: array) -> None:
+    def append_validated(self, records: bytes | memoryview, offsets: array[int]) -> None:
         """Write records that are already in the stored layout, as they are (the node's append path).
 
         ``records`` holds ``len(offsets)`` consecutive records with ids ``max_transaction_id + 1 ...``,

@@ -95,7 +95,7 @@ class MemoryPartition:
             batch = RecordBatch.from_records(records)
             self.append_validated(batch.data, batch.offsets)
 
-    def append_validated(self, records: bytes | memoryview, offsets: array) -> None:
+    def append_validated(self, records: bytes | memoryview, offsets: array[int]) -> None:
         self._check_open()
         data = bytes(records)  # the caller may reuse its buffer
         ends = [*offsets[1:], len(data)]

@@ -22,6 +22,7 @@ number -1 and that connection (only) is closed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -238,7 +239,7 @@ class PartitionWorker:
                 flush()
                 try:
                     out.append((item.reply, work()))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - the request's reply
                     out.append((item.reply, exc))
                 continue
             try:
@@ -611,12 +612,12 @@ class StorageNode:
         if t is am.PartitionAssignmentRequest:
             for pid in msg.partition_ids:
                 worker = self._worker(pid)
-                await worker.call(lambda w=worker: w.assign(msg.assigned, msg.delete_storage_files))
+                await worker.call(functools.partial(worker.assign, msg.assigned, msg.delete_storage_files))
             return am.AdminSuccessResponse(msg.seq_num)
         if t is am.PartitionAvailableRequest:
             for pid in msg.partition_ids:
                 worker = self._worker(pid)
-                await worker.call(lambda w=worker: w.set_available(msg.available))
+                await worker.call(functools.partial(worker.set_available, msg.available))
             return am.AdminSuccessResponse(msg.seq_num)
         if t is am.AdminRecordListRequest:
             worker = self._worker(msg.partition_id)

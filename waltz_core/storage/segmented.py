@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import json
 import logging
 import mmap
 import os
@@ -30,7 +31,6 @@ import time
 import uuid
 from array import array
 from collections import OrderedDict
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,11 +38,13 @@ from typing import TYPE_CHECKING
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
 from .format import (
+    CHECKPOINT_OFFSET,
     CONTROL_FILE_NAME,
     DATA_SUFFIX,
     FORMAT_VERSION,
     HEADER_SIZE,
     I32,
+    INDEX_SUFFIX,
     INFO_SIZE,
     PARTITION_ENTRY_SIZE,
     RECORD_HEAD,
@@ -62,8 +64,6 @@ from .format import (
     partition_entry_offset,
     scan_records,
     segment_name,
-    CHECKPOINT_OFFSET,
-    INDEX_SUFFIX,
 )
 from .layout import Repair
 
@@ -119,7 +119,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _offsets_to_bytes(values: array) -> bytes:
+def _offsets_to_bytes(values: array[int]) -> bytes:
     """Index entries as big-endian longs."""
     if _LITTLE:
         values = array("q", values)
@@ -127,7 +127,7 @@ def _offsets_to_bytes(values: array) -> bytes:
     return values.tobytes()
 
 
-def _offsets_from_bytes(raw: bytes) -> array:
+def _offsets_from_bytes(raw: bytes) -> array[int]:
     values = array("q")
     values.frombytes(raw[: len(raw) - len(raw) % 8])
     if _LITTLE:
@@ -135,7 +135,7 @@ def _offsets_from_bytes(raw: bytes) -> array:
     return values
 
 
-def index_is_plausible(offsets: array, data_size: int) -> str | None:
+def index_is_plausible(offsets: array[int], data_size: int) -> str | None:
     """Why the index entries cannot be right, or None. Cheap: no data is read."""
     if not offsets:
         return None
@@ -375,7 +375,7 @@ class SegmentedPartition:
             seg.close()
             raise
 
-    def _spot_check(self, seg: Segment, offsets: array) -> str | None:
+    def _spot_check(self, seg: Segment, offsets: array[int]) -> str | None:
         """Read the transaction id at each checkpoint boundary entry (cheap: one read per interval)."""
         step = self._interval
         for i in list(range(step - 1, len(offsets), step)) + [len(offsets) - 1]:
@@ -494,7 +494,7 @@ class SegmentedPartition:
         batch = RecordBatch.from_records(records)
         self.append_validated(batch.data, batch.offsets)
 
-    def append_validated(self, records: bytes | memoryview, offsets: array) -> None:
+    def append_validated(self, records: bytes | memoryview, offsets: array[int]) -> None:
         self._check_open()
         if not offsets:
             return

@@ -261,5 +261,5 @@ def _check_replicas(v: Verdict, partition: int, log: Sequence[LogEntry],
         if first is None:
             first_name, first = name, prefix
         elif prefix != first:
-            bad = next(i for i, (x, y) in enumerate(zip(prefix, first)) if x != y)
+            bad = next(i for i, (x, y) in enumerate(zip(prefix, first, strict=True)) if x != y)
             v.add("replica", partition, f"{name} and {first_name} differ at transaction {bad} (data or checksum)")

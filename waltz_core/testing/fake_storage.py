@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from ..coordination.metadata import ReplicaState
 from ..errors import (
     CasConflictError,
     ConnectionClosedError,
@@ -22,7 +23,6 @@ from ..errors import (
     StaleSessionError,
 )
 from ..protocol.wire import Record, RecordHeader, SessionInfo
-from ..coordination.metadata import ReplicaState
 
 
 @attrs.define

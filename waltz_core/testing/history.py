@@ -62,7 +62,7 @@ class HistoryWriter:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._out: TextIO = open(self.path, "a", encoding="utf-8")
+        self._out: TextIO = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open until close()
         self._lock = threading.Lock()
         self.counts = {"invoke": 0, OK: 0, FAIL: 0, UNKNOWN: 0}
 

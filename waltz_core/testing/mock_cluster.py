@@ -33,7 +33,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -103,9 +103,8 @@ class _MockPartition:
                     await self._append(msg, link)
                 elif type(msg) is m.MountRequest:
                     self._mount(msg, link)
-                elif type(msg) is m.FlushRequest:
-                    if msg.req_id.generation == self.generation:
-                        link.post(m.FlushResponse(msg.req_id, self.hwm))
+                elif type(msg) is m.FlushRequest and msg.req_id.generation == self.generation:
+                    link.post(m.FlushResponse(msg.req_id, self.hwm))
             except Exception:
                 log.exception("mock partition %d: error handling %s", self.id, type(msg).__name__)
 
@@ -259,7 +258,7 @@ class MockCluster:
 
     # ------------------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> MockCluster:
+    async def start(self) -> Self:
         self.loop = asyncio.get_running_loop()
         self._feed_resumed = asyncio.Event()
         self._feed_resumed.set()
@@ -282,13 +281,13 @@ class MockCluster:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def __aenter__(self) -> MockCluster:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def __enter__(self) -> MockCluster:
+    def __enter__(self) -> Self:
         loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=loop.run_forever, name="waltz-mock-cluster", daemon=True)
         self._thread.start()

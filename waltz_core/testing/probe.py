@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, Self
 
 from ..config import CoordinationConfig, TransportConfig
 from ..coordination import open_coordination
@@ -46,7 +46,7 @@ class PartitionProbe:
     def high_water_mark(self) -> int:
         return len(self.feed) - 1
 
-    async def __aenter__(self) -> PartitionProbe:
+    async def __aenter__(self) -> Self:
         self.transport = open_transport(self.transport_config)
         self.coordination = open_coordination(self.coordination_config)
         await self.coordination.start()
@@ -127,9 +127,9 @@ class PartitionProbe:
                     msg = await asyncio.wait_for(self._channel.recv(), 10)
                     if type(msg) is m.FeedData:
                         self._take(msg)
-                        data = sent.pop(msg.req_id, None)
-                        if data is not None:
-                            committed[data] = msg.transaction_id
+                        ours = sent.pop(msg.req_id, None)
+                        if ours is not None:
+                            committed[ours] = msg.transaction_id
                     elif type(msg) is m.FlushResponse and msg.req_id == fq:
                         flushed_to = msg.transaction_id
             except (WaltzError, TimeoutError, OSError) as exc:
@@ -141,9 +141,9 @@ class PartitionProbe:
                 await self.connect(max(1.0, deadline - time.monotonic()))
                 mine = {q: d for q, d in sent.items()}
                 for txn, q, _ in self.feed:
-                    data = mine.pop(q, None)
-                    if data is not None:
-                        committed[data] = txn
+                    ours = mine.pop(q, None)
+                    if ours is not None:
+                        committed[ours] = txn
             todo = [d for d in todo if d not in committed]
         return committed
 

@@ -35,6 +35,7 @@ import urllib.request
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 #: The Debian jar has slf4j-api but no binding: without these two the server logs nothing.
@@ -169,7 +170,7 @@ class _ServerGroup:
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
 
-    def start(self):  # type: ignore[no-untyped-def]  # returns self (subclass type)
+    def start(self) -> Self:
         """Start every node and block until each is ready; ServerStartError otherwise."""
         self._prepare()
         _LIVE.add(self)
@@ -259,7 +260,7 @@ class _ServerGroup:
             out.extend(text)
         return "\n".join(out)
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

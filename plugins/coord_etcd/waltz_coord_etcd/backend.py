@@ -88,7 +88,8 @@ def _parent(key: str) -> str | None:
 
 
 def _prefix_end(prefix: bytes) -> bytes:
-    return pyetcd.utils.prefix_range_end(prefix)
+    end: bytes = pyetcd.utils.prefix_range_end(prefix)
+    return end
 
 
 # -- raw protobuf builders (pyetcd's helpers cannot set ignore_lease or range compares)
@@ -323,7 +324,7 @@ class EtcdBackend:
         while True:
             client = self.client
 
-            def run() -> Any:
+            def run(client: pyetcd.MultiEndpointEtcd3Client = client) -> Any:
                 try:
                     return call(client)
                 except grpc.RpcError as exc:  # calls that bypass pyetcd's own error mapping
@@ -367,7 +368,9 @@ class EtcdBackend:
             await asyncio.sleep(interval if self._state is SessionState.CONNECTED else 0.2)
             lease_id = self._lease_id
             try:
-                replies = await self._rpc("lease keep-alive", lambda c: list(c.refresh_lease(lease_id)), retry=False)
+                replies = await self._rpc("lease keep-alive",
+                                          lambda c: list(c.refresh_lease(lease_id)),  # noqa: B023 - awaited here
+                                          retry=False)
             except CoordinationError as exc:
                 log.debug("etcd keep-alive failed: %s", exc)
                 self._set_state(SessionState.SUSPENDED)
@@ -631,7 +634,7 @@ class EtcdBackend:
             return
         try:
             handle.callback()
-        except Exception:  # noqa: BLE001
+        except Exception:  # a faulty callback must not kill the backend
             log.exception("watch callback for %s failed", handle.key)
 
     # ---------------------------------------------------------------------------- session state
@@ -647,7 +650,7 @@ class EtcdBackend:
         for listener in list(self._listeners):
             try:
                 listener(state)
-            except Exception:  # noqa: BLE001
+            except Exception:  # a faulty listener must not kill the backend
                 log.exception("session listener failed")
         if state is SessionState.CONNECTED and previous is not SessionState.CONNECTED:
             if previous is SessionState.SUSPENDED or previous is SessionState.LOST:

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import pytest
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_kazoo() -> Iterator[None]:
     # kazoo logs every dropped connection at WARNING; failover tests drop many on purpose.

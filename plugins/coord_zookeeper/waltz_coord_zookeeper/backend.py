@@ -25,6 +25,7 @@ divided among the members plus one), so the client tries every member within one
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -119,7 +120,7 @@ class _Watch:
         self.backend._watches.discard(self)
 
 
-class _BoundedConnectHandler(SequentialThreadingHandler):
+class _BoundedConnectHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has no types: Any
     """kazoo's threading handler with a bound on each member's TCP connect (see the module docstring)."""
 
     def __init__(self, connect_timeout: float) -> None:
@@ -276,14 +277,14 @@ class ZooKeeperBackend:
         start_async().rawlink(done)
         return fut
 
-    async def _call(self, key: str, start_async: Callable[[], Any], *, retry: bool = True) -> Any:
+    async def _call(self, key: str, start_async: Callable[[KazooClient], Any], *, retry: bool = True) -> Any:
         """One request with retries across reconnects; failures translated for ``key``."""
         deadline = time.monotonic() + self.session_timeout
         while True:
             zk = self.client
             try:
                 # kazoo drops queued requests when a session expires: bound the wait.
-                return await asyncio.wait_for(self._request(lambda: start_async(zk)), self.session_timeout)
+                return await asyncio.wait_for(self._request(functools.partial(start_async, zk)), self.session_timeout)
             except _TRANSIENT as exc:
                 if not retry or time.monotonic() >= deadline:
                     raise _translate(exc, key) from exc
@@ -300,7 +301,7 @@ class ZooKeeperBackend:
         while True:
             zk = self.client
             try:
-                value = await asyncio.wait_for(self._request(lambda: attempt(zk)), self.session_timeout)
+                value = await asyncio.wait_for(self._request(functools.partial(attempt, zk)), self.session_timeout)
                 return value, maybe_applied
             except _TRANSIENT as exc:
                 maybe_applied = True
@@ -318,7 +319,7 @@ class ZooKeeperBackend:
         if remaining > 0:
             try:
                 await asyncio.wait_for(self._connected.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ---------------------------------------------------------------------------- operations
@@ -367,9 +368,9 @@ class ZooKeeperBackend:
         while True:
             zk = self.client
             try:
-                path = await asyncio.wait_for(self._request(
-                    lambda: zk.create_async(prefix, value, ephemeral=ephemeral, sequence=True, makepath=True)),
-                    self.session_timeout)
+                create = functools.partial(zk.create_async, prefix, value, ephemeral=ephemeral, sequence=True,
+                                           makepath=True)
+                path = await asyncio.wait_for(self._request(create), self.session_timeout)
                 return str(path)
             except _TRANSIENT as exc:
                 if time.monotonic() >= deadline:
@@ -477,7 +478,7 @@ class ZooKeeperBackend:
                       lambda: zk.get_children_async(handle.key, watch=handle.watcher)):
             try:
                 fut = self._request(start)
-            except Exception:  # noqa: BLE001 - a closing client; re-armed on reconnect or gone
+            except Exception:  # a closing client; re-armed on reconnect or gone
                 log.debug("arming watch on %s failed", handle.key, exc_info=True)
                 continue
             fut.add_done_callback(_consume)
@@ -509,7 +510,7 @@ class ZooKeeperBackend:
             return
         try:
             handle.callback()
-        except Exception:  # noqa: BLE001 - a faulty callback must not kill the backend
+        except Exception:  # a faulty callback must not kill the backend
             log.exception("watch callback for %s failed", handle.key)
         if handle.again:
             handle.again = False
@@ -521,7 +522,7 @@ class ZooKeeperBackend:
         self._listeners.append(callback)
 
     def _on_kazoo_state(self, state: str) -> None:  # kazoo's connection thread: must not block
-        mapped = _STATE_MAP.get(state)  # type: ignore[call-overload]
+        mapped = _STATE_MAP.get(state)
         if mapped is not None:
             self._post(self._set_state, mapped)
 
@@ -537,7 +538,7 @@ class ZooKeeperBackend:
         for listener in list(self._listeners):
             try:
                 listener(state)
-            except Exception:  # noqa: BLE001
+            except Exception:  # a faulty listener must not kill the backend
                 log.exception("session listener failed")
         if state == SessionState.CONNECTED:
             # kazoo forgot every watcher when the connection dropped: re-arm all, fire each once.

@@ -33,7 +33,7 @@ def test_connection_from_a_file_with_overrides(tmp_path: Path) -> None:
     path.write_text('[coordination]\nname = "local"\nconnect = "/data/c"\nroot = "/w"\n[transport]\nname = "tcp"\n')
     cfg = client_config({"config": str(path), "coordination.root": "/other", "client.rpc_timeout": "3.5"})
     assert (cfg.coordination.connect, cfg.coordination.root, cfg.client.rpc_timeout) == ("/data/c", "/other", 3.5)
-    with pytest.raises(SparkOptionError, match="client.nope"):
+    with pytest.raises(SparkOptionError, match=r"client\.nope"):
         client_config({"config": str(path), "client.nope": "1"})
     opts = ReadOptions.parse({"Config": str(path), "maxTransactionsPerTrigger": "10", "startingOffsets": '{"1": 4}'})
     assert (opts.max_per_trigger, opts.starting_offsets, opts.end_id) == (10, '{"1": 4}', None)

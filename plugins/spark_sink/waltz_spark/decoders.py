@@ -60,7 +60,7 @@ def _expand(df: Any, column: str, struct_col: Any) -> Any:
     tmp = f"__{column}_decoded"
     out = df.withColumn(tmp, struct_col)
     fields = out.schema[tmp].dataType.fieldNames()
-    cols = []
+    cols: list[Any] = []
     for name in df.columns:
         if name == column:
             cols.extend(F.col(f"{tmp}.{f}").alias(f) for f in fields)
@@ -139,7 +139,7 @@ def _function(df: Any, column: str, *, fn: Callable[[bytes], Any], schema: str, 
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     if module is not None and module.__name__ != "__main__" and not module.__name__.startswith(("pyspark", "waltz_spark")):
         # Workers may not be able to import the caller's module (a script, a test): ship it by value.
-        cloudpickle.register_pickle_by_value(module)
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]  # pyspark's copy: no hints
 
     def call(data):  # type: ignore[no-untyped-def]  # no hints: Spark would read them as a pandas UDF's
         return None if data is None else fn(bytes(data))

@@ -18,6 +18,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any, Self
 
 from waltz_core.client import Transaction, WaltzClient, WaltzClientCallbacks
 from waltz_core.config import ClientProcessConfig
@@ -73,14 +74,14 @@ class LogInfo:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> LogInfo:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _unmounted(config: ClientProcessConfig, **client: object) -> ClientProcessConfig:
+def _unmounted(config: ClientProcessConfig, **client: Any) -> ClientProcessConfig:
     import attrs
 
     return attrs.evolve(config, client=attrs.evolve(config.client, auto_mount=False, **client))

@@ -26,7 +26,6 @@ import attrs
 from waltz_core.config import ClientProcessConfig, build
 from waltz_core.errors import ConfigError
 
-
 #: Default of the write option ``maxFalseConflicts``: far more than a row meets with a sane lock
 #: table (a false conflict needs every slot of its key overwritten since its last check).
 MAX_FALSE_CONFLICTS = 32

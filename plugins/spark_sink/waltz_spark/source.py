@@ -26,7 +26,7 @@ which commit through the same checkpoint).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -40,6 +40,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from .options import ReadOptions, SparkOptionError, WriteOptions, client_config, parse_offset_json
+
+if TYPE_CHECKING:
+    from .logclient import LogInfo
 
 SCHEMA = ("partition INT, transaction_id BIGINT, header INT, client_id INT, generation INT, seq_num INT, "
           "data BINARY")
@@ -169,7 +172,7 @@ class WaltzStreamReader(*_StreamBase):  # type: ignore[misc]
 
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
-        self._info: Any = None
+        self._info: LogInfo | None = None
         self._chosen: tuple[int, ...] | None = None
         self._available_now: dict[int, int] | None = None
         self._last_end: dict[int, int] | None = None
@@ -177,7 +180,7 @@ class WaltzStreamReader(*_StreamBase):  # type: ignore[misc]
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "_info": None, "_chosen": self._chosen, "_available_now": None, "_last_end": None}
 
-    def _client(self) -> Any:
+    def _client(self) -> LogInfo:
         if self._info is None:
             from .logclient import LogInfo
 

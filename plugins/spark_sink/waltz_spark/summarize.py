@@ -39,9 +39,9 @@ def summarize(spark: Any, read_options: Mapping[str, str], out: str | Path) -> d
     """
     from pyspark.sql import functions as F
 
-    from .decoders import decode
-
     from waltz_core.app.bank import BANK_HEADER
+
+    from .decoders import decode
 
     raw = spark.read.format("waltz").options(**dict(read_options)).load()
     raw = raw.where(F.col("header") == F.lit(BANK_HEADER))

@@ -114,7 +114,8 @@ async def test_bad_bytes_logged_at_warning_with_peer_address(caplog: pytest.LogC
     listener = await transport.listen("127.0.0.1", 0, _hold_echo)
     host, port = listener.address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
-    local = "%s:%d" % writer.get_extra_info("sockname")[:2]
+    local_host, local_port = writer.get_extra_info("sockname")[:2]
+    local = f"{local_host}:{local_port}"
     with caplog.at_level(logging.WARNING, logger="waltz.transport.tcp"):
         writer.write(struct.pack(">I", 4096) + b"x")
         async with asyncio.timeout(10):

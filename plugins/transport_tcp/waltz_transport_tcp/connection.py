@@ -19,6 +19,7 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from waltz_core.errors import (
     ConnectionClosedError,
@@ -196,7 +197,7 @@ class TcpConnection(asyncio.BufferedProtocol):
     # ------------------------------------------------------------------------ protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # No isinstance check: uvloop's transports implement the interface without subclassing it.
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = tr = cast(asyncio.Transport, transport)
         self._peer = format_address(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -205,7 +206,7 @@ class TcpConnection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1 if self._opts.keepalive else 0)
             except OSError as exc:  # e.g. a socket type without these options; the link still works
                 log.debug("connection to %s: cannot set socket options: %s", self._peer, exc)
-        transport.set_write_buffer_limits(high=self._opts.write_buffer_high, low=self._opts.write_buffer_low)
+        tr.set_write_buffer_limits(high=self._opts.write_buffer_high, low=self._opts.write_buffer_low)
         self._made.set_result(None)
         if self._tick_interval > 0:
             self._last_rx = self._loop.time()

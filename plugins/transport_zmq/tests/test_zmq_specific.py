@@ -118,7 +118,7 @@ async def test_silent_peer_times_out_on_both_sides(transports: list[ZmqTransport
     async def handler(conn: Connection) -> None:
         try:
             await conn.recv()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the test checks which one
             await outcome.put(exc)
 
     listener = await t.listen("127.0.0.1", 0, handler)

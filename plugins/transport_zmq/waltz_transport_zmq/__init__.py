@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from .connection import ZmqConnection
 from . import keys, wire
+from .connection import ZmqConnection
 from .keys import create_keypair
 from .options import ZmqOptions
 from .transport import ZmqListener, ZmqTransport, zmq_factory

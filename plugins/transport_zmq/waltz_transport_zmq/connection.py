@@ -17,8 +17,8 @@ import asyncio
 import errno
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import attrs
 import zmq
@@ -34,6 +34,13 @@ from waltz_core.errors import (
 
 from . import wire
 from .options import ZmqOptions
+
+T = TypeVar("T")
+
+
+def settled(result: Awaitable[T]) -> asyncio.Future[T]:
+    """A ``DONTWAIT`` call's result, a Future settled at once (pyzmq's hints say only Awaitable)."""
+    return cast("asyncio.Future[T]", result)
 
 log = logging.getLogger("waltz.transport.zmq")
 
@@ -79,7 +86,7 @@ class PeerSender:
         """Send now if ZeroMQ has room; False at the high-water mark. Never waits."""
         if self._sock.closed:
             raise PeerGoneError("socket closed")
-        fut = self._sock.send_multipart(self._prefix + parts, flags=zmq.DONTWAIT, copy=False)
+        fut = settled(self._sock.send_multipart(self._prefix + parts, flags=zmq.DONTWAIT, copy=False))
         exc = fut.exception()  # DONTWAIT sends resolve at once
         if exc is None:
             return True

@@ -17,7 +17,6 @@ peers) and ``NAME.key_secret`` (public and secret: keep it private, mode 0600). 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import zmq

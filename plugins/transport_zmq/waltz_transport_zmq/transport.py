@@ -54,7 +54,7 @@ from waltz_core.errors import ConnectError, ProtocolError, TransportError
 from waltz_core.transport.base import ConnectionHandler
 
 from . import keys, wire
-from .connection import LinkStats, PeerSender, ZmqConnection
+from .connection import LinkStats, PeerSender, ZmqConnection, settled
 from .options import ZmqOptions
 
 log = logging.getLogger("waltz.transport.zmq")
@@ -90,7 +90,7 @@ async def _read_loop(sock: zmq.asyncio.Socket, handle: Callable[[list[bytes]], N
     while True:
         handle(await sock.recv_multipart())
         for _ in range(_DRAIN_BATCH):
-            fut = sock.recv_multipart(flags=zmq.DONTWAIT)
+            fut = settled(sock.recv_multipart(flags=zmq.DONTWAIT))
             exc = fut.exception()
             if exc is not None:
                 if isinstance(exc, zmq.Again):
@@ -155,7 +155,7 @@ class ZmqListener:
 
     def _reply(self, rid: bytes, header: bytes) -> None:
         with contextlib.suppress(zmq.ZMQError):
-            self._router.send_multipart([rid, header], flags=zmq.DONTWAIT).exception()
+            settled(self._router.send_multipart([rid, header], flags=zmq.DONTWAIT)).exception()
 
     def _dispatch_one(self, parts: list[bytes]) -> None:
         rid = parts[0]
@@ -195,7 +195,7 @@ class ZmqListener:
                                                      self._opts.window_bytes)]):
                 log.warning("listener %s: cannot answer %s (high-water mark)", self._address, rid.hex())
                 return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the send met, the peer is dropped
             log.info("listener %s: peer %s left before WELCOME: %s", self._address, rid.hex(), exc)
             return
         conn = ZmqConnection(f"{self._address}/{rid.hex()}", sender, self._opts, self._transport.max_frame_size,
@@ -299,7 +299,7 @@ class _ClientLink:
     def drain(self) -> None:
         """Hand every message already queued in the DEALER to the connection (before a disconnect)."""
         while not self.dealer.closed:
-            fut = self.dealer.recv_multipart(flags=zmq.DONTWAIT)
+            fut = settled(self.dealer.recv_multipart(flags=zmq.DONTWAIT))
             if fut.exception() is not None:
                 return
             self.on_message(fut.result())
@@ -428,7 +428,7 @@ class ZmqTransport:
             else:
                 self._warn_plaintext("listens")
             router.bind(_endpoint(host, port or "*"))
-            endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+            endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
             router.close(linger=0)
             raise ConnectError(f"cannot listen on {host}:{port}: {exc}") from exc

@@ -86,7 +86,8 @@ def encode_data(seq: int) -> bytes:
 def decode_data(header: bytes) -> int:
     if len(header) != _DATA.size:
         raise ProtocolError(f"malformed DATA header of {len(header)} bytes")
-    return _DATA.unpack(header)[1]
+    value: int = _DATA.unpack(header)[1]
+    return value
 
 
 def encode_ack(frames: int, nbytes: int) -> bytes:

@@ -119,7 +119,7 @@ class CoordinationConformance:
     @pytest.fixture
     async def backend_factory(self) -> AsyncIterator[BackendFactory]:  # pragma: no cover - overridden
         raise NotImplementedError("a backend's conformance test must override the backend_factory fixture")
-        yield  # type: ignore[unreachable]
+        yield
 
     async def _expire(self, backend: CoordinationBackend) -> None:
         """``expire_session`` with a bound: a backend that never confirms the expiry fails the test
@@ -462,7 +462,7 @@ class CoordinationConformance:
 
         await recipes.create_cluster(client, root, "kit", 2)
         mine, theirs = recipes.StoreMetadata(client, root), recipes.StoreMetadata(other, root)
-        meta, version = await mine.get_partition_metadata(1)
+        _, version = await mine.get_partition_metadata(1)
         _, same_version = await theirs.get_partition_metadata(1)
         assert version == same_version
         replica = recipes.ReplicaState(session_id=1, closing_high_water_mark=recipes.UNRESOLVED)
@@ -657,7 +657,8 @@ async def leader_kill_scenario(config: CoordinationConfig, ensemble: ServerEnsem
                                        on_assignment=got_a.append)
     manager_b = recipes.ClusterManager(server_b, root, recipes.ServerDescriptor(address="127.0.0.1:5002"),
                                        on_assignment=got_b.append)
-    stop, committed = asyncio.Event(), []
+    stop = asyncio.Event()
+    committed: list[int] = []
     store = recipes.StoreMetadata(writer, root)
     try:
         await manager_a.start()

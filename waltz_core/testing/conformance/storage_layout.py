@@ -68,7 +68,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import attrs
 import pytest
@@ -194,7 +194,7 @@ class CrashPoints:
         self.durable: dict[str, bytes] = {}
         self._real: dict[str, Callable[..., Any]] = {}
 
-    def __enter__(self) -> CrashPoints:
+    def __enter__(self) -> Self:
         for directory, _, files in os.walk(self.root):
             for name in files:
                 path = os.path.join(directory, name)
@@ -333,7 +333,7 @@ class State:
 class CrashOp(Protocol):
     """One operation of the crash scenario."""
 
-    opens_layout: bool  #: the operation opens the layout itself (nothing is opened before it)
+    opens_layout: ClassVar[bool]  #: the operation opens the layout itself (nothing is opened before it)
 
     def run(self, layout: StorageLayout, stores: Sequence[PartitionStore]) -> None: ...
 
@@ -904,7 +904,8 @@ class StorageLayoutConformance:
             layout.close()
 
         def close_crashed() -> None:
-            for obj in [*stores, layout]:  # each one, whatever state the crash left the others in
+            closables: list[PartitionStore | StorageLayout] = [*stores, layout]
+            for obj in closables:  # each one, whatever state the crash left the others in
                 with contextlib.suppress(Exception):
                     obj.close()
 

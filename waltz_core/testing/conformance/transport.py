@@ -128,7 +128,8 @@ class TransportConformance:
     # ---------------------------------------------------------------------------- fixtures
     @pytest.fixture(autouse=True)
     def _capability_gate(self, request: pytest.FixtureRequest) -> None:
-        missing = getattr(request.function, "_waltz_capabilities", frozenset()) - self.capabilities
+        needed: frozenset[str] = getattr(request.function, "_waltz_capabilities", frozenset())
+        missing = needed - self.capabilities
         if missing:
             pytest.skip(f"transport {self.backend_name!r} does not declare {', '.join(sorted(missing))}")
 
@@ -147,7 +148,7 @@ class TransportConformance:
             config = TransportConfig(name=self.backend_name, max_frame_size=max_frame_size or self.max_frame_size,
                                      connect_timeout=5.0, options={self.backend_name: transport_options})
             options = backend_options(info.config_cls, config, "transport")
-            transport = info.factory(config, options)
+            transport: Transport = info.factory(config, options)
             made.append(transport)
             return transport
 
@@ -407,7 +408,7 @@ class TransportConformance:
                 await server.recv()
 
     async def test_close_wakes_a_waiting_recv(self, pair: tuple[Connection, Connection]) -> None:
-        client, server = pair
+        client, _server = pair
         waiting = asyncio.create_task(client.recv())
         await asyncio.sleep(0.05)
         assert not waiting.done()
@@ -657,7 +658,7 @@ class TransportConformance:
         """A blocked event loop (GC pause, slow callback) must not make us declare a live peer dead."""
         client, server = pair
         await asyncio.sleep(self.idle_timeout / 2)
-        time.sleep(self.idle_timeout * 2.5)  # stall the loop both ends share, well past the idle timeout
+        time.sleep(self.idle_timeout * 2.5)  # noqa: ASYNC251 - the point: stall the loop both ends share
         await asyncio.sleep(self.idle_timeout / 2)
         async with asyncio.timeout(STEP_TIMEOUT):
             await client.send(b"ping")

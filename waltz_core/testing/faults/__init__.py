@@ -9,8 +9,8 @@
   bytes at a simulated power loss) and :func:`flip_bits`.
 """
 
-from .netns import HostNetwork, netns_available
 from .disk import CrashMode, crash_lose_unsynced, flip_bits, storage_files, sync_journal_env, synced_sizes
+from .netns import HostNetwork, netns_available
 from .process import ClusterProcesses
 from .proxy import FaultProxy, ThreadedFaultProxy
 

@@ -30,13 +30,14 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
+from typing import Self
 
 import attrs
 
 log = logging.getLogger("waltz.testing.faults.netns")
 
 #: The only addresses the emulated hosts use (RFC 2544: reserved for network benchmarks).
-ADDRESS_SPACE = ipaddress.ip_network("198.18.0.0/15")
+ADDRESS_SPACE = ipaddress.IPv4Network("198.18.0.0/15")
 _PREFIX = "wz"  # namespaces "wz<pid hex>x<n>.<host>", driver link "wz<pid hex>x<n>d"
 _LOCK_FILE = "/run/waltz-netns.lock"
 _counter = itertools.count()
@@ -116,13 +117,13 @@ class HostNetwork:
     @staticmethod
     def _free_subnet() -> ipaddress.IPv4Network:
         """A /24 of 198.18.0.0/15 that no interface of this namespace uses yet."""
-        used = {ipaddress.ip_interface(a).network for a in re.findall(r"inet (\S+)", _ip("-o", "-4", "addr", "show"))}
+        used = {ipaddress.IPv4Interface(a).network for a in re.findall(r"inet (\S+)", _ip("-o", "-4", "addr", "show"))}
         subnets = list(ADDRESS_SPACE.subnets(new_prefix=24))
         start = os.getpid() % len(subnets)
         for i in range(len(subnets)):
             candidate = subnets[(start + i) % len(subnets)]
             if not any(candidate.overlaps(u) for u in used):
-                return candidate  # type: ignore[return-value]
+                return candidate
         raise NetnsError(f"every /24 of {ADDRESS_SPACE} is in use on this machine")
 
     def add_host(self, name: str) -> Host:
@@ -173,7 +174,7 @@ class HostNetwork:
         _ip("link", "del", self._driver_if, check=False)
         _ip("netns", "del", self.switch, check=False)
 
-    def __enter__(self) -> HostNetwork:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,7 +13,6 @@ import click
 from ...cli.logs import log_format_option
 from ...hookspecs import hookimpl
 
-
 #: coordination the smoke test can run itself (``local``) or start as an ensemble of its own
 SELF_STARTED_COORDINATION = ("local", "zookeeper", "etcd")
 

@@ -138,7 +138,7 @@ class PartitionWorker:
                         log.error("client %d partition %d: mount answered CLIENT_AHEAD at %d", self.client_id,
                                   self.partition, self.high_water_mark)
                         return False
-            except (WaltzError, OSError, TimeoutError, asyncio.TimeoutError) as exc:
+            except (WaltzError, OSError, TimeoutError) as exc:
                 log.debug("client %d partition %d: connect: %s", self.client_id, self.partition, exc)
             await asyncio.sleep(0.1)
         await self.disconnect()
@@ -211,7 +211,7 @@ class PartitionWorker:
             await channel.send(m.AppendRequest(req, hwm, locks, (), (), encode_transfer(a, b, amt), payload,
                                                crc32(payload)))
             outcome, txn = await asyncio.wait_for(asyncio.shield(fut), self.op_timeout)
-        except (WaltzError, OSError, TimeoutError, asyncio.TimeoutError):
+        except (WaltzError, OSError, TimeoutError):
             outcome, txn = UNKNOWN, None
         self._pending.pop(key, None)
         if self.history is not None:
@@ -221,9 +221,9 @@ class PartitionWorker:
     async def run(self, stop: asyncio.Event, on_outcome: Any = None) -> None:
         """Transfers until ``stop`` is set (reconnecting as needed)."""
         while not stop.is_set() and not self.ahead:
-            if self._channel is None or self._channel.closed or self._reader is None or self._reader.done():
-                if not await self.connect(time.monotonic() + 5):
-                    continue
+            disconnected = self._channel is None or self._channel.closed or self._reader is None or self._reader.done()
+            if disconnected and not await self.connect(time.monotonic() + 5):
+                continue
             outcome = await self.transfer()
             if on_outcome is not None:
                 on_outcome(outcome)
@@ -252,7 +252,7 @@ class PartitionWorker:
                         raise OSError("connection lost")
                     await asyncio.wait_for(self._feed_grew.wait(), max(0.1, deadline - time.monotonic()))
                 break
-            except (WaltzError, OSError, TimeoutError, asyncio.TimeoutError):
+            except (WaltzError, OSError, TimeoutError):
                 continue
         await self.disconnect()
         return [LogEntry(i, k, h) for i, (k, h) in enumerate(self.feed)]
