@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,25 +35,12 @@ from .config import (
 )
 from .coordination import open_coordination
 from .coordination.recipes import StoreMetadata, create_cluster, get_cluster_params
-from .errors import ClusterNotFoundError
+from .errors import ClusterNotFoundError, WaltzError
 from .plugins import default_registries
+from .ports import free_ports
 from .protocol.wire import Record
 from .storage.client import StorageAdminClient
 from .transport import listen_address, open_transport
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free ports: the sockets are held until all are chosen, so none repeats."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _toml_value(v: Any) -> str:
@@ -454,9 +440,24 @@ class ProcessCluster:
             raise
 
     async def start_storage(self, i: int) -> None:
-        self.storages[i] = self._spawn(["-v", "storage", "start", "--config", str(self.spec.storages[i].config_file)],
-                                       f"storage-{i}")
-        await self.spec.assign_on_storage(i)
+        name = f"storage-{i}"
+        proc = self.storages[i] = self._spawn(["-v", "storage", "start", "--config",
+                                               str(self.spec.storages[i].config_file)], name)
+        # Its admin port is asked until it answers; a node that exited instead (a port taken, a bad
+        # config) is reported at once with the end of its log, not after the assignment's timeout.
+        assign = asyncio.get_running_loop().create_task(self.spec.assign_on_storage(i))
+        try:
+            while not assign.done():
+                if proc.poll() is not None:
+                    tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+                    raise WaltzError(f"{name} exited with status {proc.returncode} while starting; "
+                                     f"end of its log:\n{tail}")
+                await asyncio.wait({assign}, timeout=0.1)
+        finally:
+            if not assign.done():
+                assign.cancel()
+                await asyncio.gather(assign, return_exceptions=True)
+        await assign
 
     def start_server(self, i: int) -> None:
         self.servers[i] = self._spawn(["-v", "server", "start", "--config", str(self.spec.servers[i].config_file)],

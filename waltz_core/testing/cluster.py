@@ -8,8 +8,8 @@ from ..local_cluster import (
     InProcessCluster,
     NodeSpec,
     ProcessCluster,
-    free_ports,
     to_toml,
 )
+from ..ports import free_ports
 
 __all__ = ["ClusterSpec", "InProcessCluster", "NodeSpec", "ProcessCluster", "free_ports", "to_toml"]

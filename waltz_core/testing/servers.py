@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
+from ..ports import free_ports
+
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 #: The Debian jar has slf4j-api but no binding: without these two the server logs nothing.
 ZOOKEEPER_LOG_JARS = ("/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar")
@@ -60,20 +62,6 @@ class ServerStartError(RuntimeError):
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (the OS picks it; it may be taken later)."""
     return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: the sockets are held until all are chosen, so none repeats."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def zookeeper_available() -> bool:
