@@ -8,7 +8,6 @@ from its class (listed in ``TestMemoryLayout.not_applicable``), it never skips t
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
 
@@ -26,7 +25,7 @@ from waltz_core.storage.format import (
 )
 from waltz_core.storage.layout import StorageLayout
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
-from waltz_core.testing.conformance.storage_layout import CAPABILITIES, LayoutFactory, StorageLayoutConformance
+from waltz_core.testing.conformance.storage_layout import CAPABILITIES, StorageLayoutConformance
 
 
 class TestSegmentedLayout(StorageLayoutConformance):
@@ -61,20 +60,8 @@ class TestSegmentedLayout(StorageLayoutConformance):
 class TestMemoryLayout(StorageLayoutConformance):
     layout_name = "memory"
 
-    @pytest.fixture
-    def layout_factory(self) -> Iterator[LayoutFactory]:
-        made: list[StorageLayout] = []
-
-        def make(directory: Path) -> StorageLayout:
-            layout = self.build_layout(directory)
-            made.append(layout)
-            return layout
-
-        yield make
-        for layout in made:
-            layout.close()
-        for layout in made:
-            memory.discard(layout.directory)
+    def forget(self, layout: StorageLayout) -> None:
+        memory.discard(layout.directory)  # its data outlives the closed layout, by design
 
 
 def test_only_the_memory_layout_is_spared_the_durability_tests() -> None:

@@ -488,6 +488,11 @@ class StorageLayoutConformance:
         yield make
         for layout in made:
             layout.close()
+        for layout in made:
+            self.forget(layout)
+
+    def forget(self, layout: StorageLayout) -> None:
+        """After a test, release what outlives a closed layout (an in-memory layout's data); no-op here."""
 
     @pytest.fixture
     def directory(self, tmp_path: Path) -> Path:
