@@ -149,10 +149,11 @@ def test_up_picks_backends_by_name(tmp_path: Path) -> None:
     finally:
         stop = waltz("up", "--stop", "--data-dir", str(data))
     assert "stopped 4 processes" in stop.stdout
-    for flag, kind in (("--transport", "transport"), ("--coordination", "coordination")):
-        bad = waltz("up", "--background", "--data-dir", str(tmp_path / "bad"), flag, "nosuch", "--connect", "x:1")
+    for flag, kind, name in (("--transport", "transport", "nosuch"), ("--coordination", "coordination", "nosuch"),
+                             ("--transport", "transport", "")):
+        bad = waltz("up", "--background", "--data-dir", str(tmp_path / "bad"), flag, name, "--connect", "x:1")
         assert bad.returncode == 1, bad.stderr
-        assert bad.stderr.startswith(f"error: {kind} 'nosuch' not found; installed: "), bad.stderr
+        assert bad.stderr.startswith(f"error: {kind} {name!r} not found; installed: "), bad.stderr
         assert not (tmp_path / "bad").exists()
     third_party = waltz("smoketest", "--coordination", "nosuch", "--duration", "1")
     assert third_party.returncode == 1 and "coordination 'nosuch' not found" in third_party.stderr

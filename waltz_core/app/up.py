@@ -113,7 +113,7 @@ class LocalCluster:
         loaded = ClusterSpec.load(data_dir)
         self.reused = loaded is not None
         if loaded is None:
-            transport = options.transport or "tcp"
+            transport = "tcp" if options.transport is None else options.transport
             options = attrs.evolve(options, transport=transport)
             # Backends are named, not listed: any installed one, a plugin's too; a clear error otherwise.
             registries = default_registries()
