@@ -122,7 +122,7 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
     _s.StorageAppendRequest: st.builds(_s.StorageAppendRequest, *_head,
                                        record_batches(valid_checksums=False) | record_lists, flags),
     _s.SuccessResponse: st.builds(_s.SuccessResponse, *_head),
-    _s.FailureResponse: st.builds(_s.FailureResponse, *_head, text, text),
+    _s.FailureResponse: st.builds(_s.FailureResponse, *_head, i32, text),  # error code, message
     _s.RecordHeaderRequest: st.builds(_s.RecordHeaderRequest, *_head, i64),
     _s.RecordHeaderResponse: st.builds(_s.RecordHeaderResponse, *_head, st.none() | record_headers),
     _s.RecordRequest: st.builds(_s.RecordRequest, *_head, i64),
@@ -139,7 +139,7 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
 _a = admin
 ADMIN: dict[type, st.SearchStrategy[Any]] = {
     _a.AdminSuccessResponse: st.builds(_a.AdminSuccessResponse, i64),
-    _a.AdminFailureResponse: st.builds(_a.AdminFailureResponse, i64, text, text),
+    _a.AdminFailureResponse: st.builds(_a.AdminFailureResponse, i64, i32, text),  # error code, message
     _a.AdminOpenRequest: st.builds(_a.AdminOpenRequest, i64, uuids, i32),
     _a.PartitionAvailableRequest: st.builds(_a.PartitionAvailableRequest, i64, int_arrays, flags),
     _a.PartitionAssignmentRequest: st.builds(_a.PartitionAssignmentRequest, i64, int_arrays, flags, flags),

@@ -95,12 +95,13 @@ def test_record_list_response_round_trip_and_version() -> None:
     assert sm.StorageAppendRequest(1, 2, 3, _sample()).records == batch
     assert RecordBatch.of(batch) is batch
     assert RECORD_HEAD is STORED_RECORD_HEAD  # one definition of the record layout
-    assert STORAGE.versions == (2,)
+    assert STORAGE.versions == (3,)  # 3: numeric error codes; batches since 2
 
 
-def test_a_version_1_peer_fails_the_handshake_clearly() -> None:
-    with pytest.raises(HandshakeError, match=r"no common protocol version.*we speak \[2\], it speaks \[1\]"):
-        negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "storage-node"), Hello(sm.PROTOCOL, (1,), "old-server"))
+@pytest.mark.parametrize("old", [1, 2])
+def test_an_older_peer_fails_the_handshake_clearly(old: int) -> None:
+    with pytest.raises(HandshakeError, match=rf"no common protocol version.*we speak \[3\], it speaks \[{old}\]"):
+        negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "storage-node"), Hello(sm.PROTOCOL, (old,), "old-server"))
 
 
 # ------------------------------------------------------------------------- malformed batches

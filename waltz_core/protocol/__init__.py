@@ -2,7 +2,9 @@
 
 No sockets, no event loop, no clocks here. Three message families, each with its own protocol
 id and versions: :mod:`.client` (client <-> server), :mod:`.storage` (server <-> storage node)
-and :mod:`.admin` (storage admin port); :mod:`.framing` and :mod:`.handshake` are shared.
+and :mod:`.admin` (storage admin port); :mod:`.framing` and :mod:`.handshake` are shared. Each
+message class declares its wire layout once, on its fields; :mod:`.layout` derives every
+family's codec from those declarations (a few hot messages add hand-written fast paths).
 """
 
 from __future__ import annotations

@@ -1,23 +1,39 @@
 """Storage admin messages (the storage node's admin port; original AdminMessageCodecV0).
 
-Every payload starts with ``byte type, long seq_num``.
+Every payload starts with ``byte type, long seq_num`` (the family head); the rest of each
+message's layout is declared on its class (field annotations, see :mod:`.layout`), in field
+order.
+
+Version 2: ``AdminFailureResponse`` carries ``int error_code`` (a numeric code from
+:mod:`waltz_core.errors`) where version 1 had ``str error_type`` (an exception class name), in
+the same position. Only version 2 is spoken: an older peer fails the handshake.
 """
 
 from __future__ import annotations
 
-import struct
+import typing
 import uuid
-from typing import ClassVar, Final, TypeAlias
+from typing import Annotated, ClassVar, Final, TypeAlias
 
 import attrs
 
-from ..errors import ProtocolError
-from .wire import I32, Reader, Record, SessionInfo, w_int_array, w_records, w_session_info, w_str
+from .layout import (
+    BOOL,
+    INT32,
+    INT64,
+    INT_ARRAY,
+    RECORDS,
+    SESSION_INFO,
+    STRING,
+    UUID,
+    Array,
+    FamilyCodec,
+    FixedTuple,
+)
+from .wire import Record, SessionInfo
 
 PROTOCOL: Final = b"A"
-VERSIONS: Final = (1,)
-
-_PREFIX: Final = struct.Struct(">bq")
+VERSIONS: Final = (2,)  #: 2: numeric error codes in failures (see the module doc)
 
 
 @attrs.frozen(slots=True)
@@ -30,65 +46,65 @@ class AdminSuccessResponse:
 class AdminFailureResponse:
     TYPE: ClassVar[int] = 2
     seq_num: int
-    error_type: str
-    message: str
+    error_code: Annotated[int, INT32]  #: a numeric error code from waltz_core.errors (version 2)
+    message: Annotated[str, STRING]
 
 
 @attrs.frozen(slots=True)
 class AdminOpenRequest:
     TYPE: ClassVar[int] = 3
     seq_num: int
-    cluster_key: uuid.UUID
-    num_partitions: int
+    cluster_key: Annotated[uuid.UUID, UUID]
+    num_partitions: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
 class PartitionAvailableRequest:
     TYPE: ClassVar[int] = 4
     seq_num: int
-    partition_ids: tuple[int, ...]
-    available: bool
+    partition_ids: Annotated[tuple[int, ...], INT_ARRAY]
+    available: Annotated[bool, BOOL]
 
 
 @attrs.frozen(slots=True)
 class PartitionAssignmentRequest:
     TYPE: ClassVar[int] = 6
     seq_num: int
-    partition_ids: tuple[int, ...]
-    assigned: bool
-    delete_storage_files: bool
+    partition_ids: Annotated[tuple[int, ...], INT_ARRAY]
+    assigned: Annotated[bool, BOOL]
+    delete_storage_files: Annotated[bool, BOOL]
 
 
 @attrs.frozen(slots=True)
 class AdminRecordListRequest:
     TYPE: ClassVar[int] = 7
     seq_num: int
-    partition_id: int
-    transaction_id: int
-    max_records: int
+    partition_id: Annotated[int, INT32]
+    transaction_id: Annotated[int, INT64]
+    max_records: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
 class AdminRecordListResponse:
     TYPE: ClassVar[int] = 8
     seq_num: int
-    partition_id: int
-    records: tuple[Record, ...]
+    partition_id: Annotated[int, INT32]
+    records: Annotated[tuple[Record, ...], RECORDS]
 
 
 @attrs.frozen(slots=True)
 class AdminLastSessionInfoRequest:
     TYPE: ClassVar[int] = 9
     seq_num: int
-    partition_id: int
+    partition_id: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
 class AdminLastSessionInfoResponse:
     TYPE: ClassVar[int] = 10
     seq_num: int
-    partition_id: int
-    session_info: SessionInfo
+    partition_id: Annotated[int, INT32]
+    session_info: Annotated[SessionInfo, SESSION_INFO]
 
 
 @attrs.frozen(slots=True)
@@ -101,7 +117,7 @@ class MetricsRequest:
 class MetricsResponse:
     TYPE: ClassVar[int] = 12
     seq_num: int
-    metrics_json: str
+    metrics_json: Annotated[str, STRING]
 
 
 @attrs.frozen(slots=True)
@@ -114,7 +130,8 @@ class AssignedPartitionStatusRequest:
 class AssignedPartitionStatusResponse:
     TYPE: ClassVar[int] = 14
     seq_num: int
-    statuses: tuple[tuple[int, bool], ...]  #: (partition id, assigned and available)
+    #: (partition id, assigned and available)
+    statuses: Annotated[tuple[tuple[int, bool], ...], Array(FixedTuple(INT32, BOOL))]
 
 
 AdminMessage: TypeAlias = (
@@ -123,92 +140,11 @@ AdminMessage: TypeAlias = (
     AdminLastSessionInfoResponse | MetricsRequest | MetricsResponse | AssignedPartitionStatusRequest |
     AssignedPartitionStatusResponse
 )
-MESSAGES: Final[tuple[type, ...]] = (
-    AdminSuccessResponse, AdminFailureResponse, AdminOpenRequest, PartitionAvailableRequest,
-    PartitionAssignmentRequest, AdminRecordListRequest, AdminRecordListResponse, AdminLastSessionInfoRequest,
-    AdminLastSessionInfoResponse, MetricsRequest, MetricsResponse, AssignedPartitionStatusRequest,
-    AssignedPartitionStatusResponse,
-)
-_BY_TYPE: Final[dict[int, type]] = {cls.TYPE: cls for cls in MESSAGES}  # type: ignore[attr-defined]
-_CLASSES: Final = frozenset(MESSAGES)
+#: every message class, in TYPE order (the alias above is the one list of them)
+MESSAGES: Final[tuple[type, ...]] = typing.get_args(AdminMessage)
 
-
-def _flag(v: bool) -> bytes:
-    return b"\x01" if v else b"\x00"
-
-
-def encode(msg: AdminMessage) -> bytes:
-    t = type(msg)
-    if t not in _CLASSES:  # checked first: a foreign object has no seq_num to pack
-        raise ProtocolError(f"not a storage admin message: {t.__name__}")
-    try:
-        out = [_PREFIX.pack(msg.TYPE, msg.seq_num)]
-        if t is AdminFailureResponse:
-            w_str(out, msg.error_type)  # type: ignore[union-attr]
-            w_str(out, msg.message)  # type: ignore[union-attr]
-        elif t is AdminOpenRequest:
-            out.append(msg.cluster_key.bytes)  # type: ignore[union-attr]
-            out.append(I32.pack(msg.num_partitions))  # type: ignore[union-attr]
-        elif t is PartitionAvailableRequest:
-            w_int_array(out, msg.partition_ids)  # type: ignore[union-attr]
-            out.append(_flag(msg.available))  # type: ignore[union-attr]
-        elif t is PartitionAssignmentRequest:
-            w_int_array(out, msg.partition_ids)  # type: ignore[union-attr]
-            out.append(_flag(msg.assigned))  # type: ignore[union-attr]
-            out.append(_flag(msg.delete_storage_files))  # type: ignore[union-attr]
-        elif t is AdminRecordListRequest:
-            out.append(struct.pack(">iqi", msg.partition_id, msg.transaction_id, msg.max_records))  # type: ignore[union-attr]
-        elif t is AdminRecordListResponse:
-            out.append(I32.pack(msg.partition_id))  # type: ignore[union-attr]
-            w_records(out, msg.records)  # type: ignore[union-attr]
-        elif t is AdminLastSessionInfoRequest:
-            out.append(I32.pack(msg.partition_id))  # type: ignore[union-attr]
-        elif t is AdminLastSessionInfoResponse:
-            out.append(I32.pack(msg.partition_id))  # type: ignore[union-attr]
-            w_session_info(out, msg.session_info)  # type: ignore[union-attr]
-        elif t is MetricsResponse:
-            w_str(out, msg.metrics_json)  # type: ignore[union-attr]
-        elif t is AssignedPartitionStatusResponse:
-            out.append(I32.pack(len(msg.statuses)))  # type: ignore[union-attr]
-            out.extend(struct.pack(">ib", pid, 1 if ok else 0) for pid, ok in msg.statuses)  # type: ignore[union-attr]
-        elif t not in (AdminSuccessResponse, MetricsRequest, AssignedPartitionStatusRequest):
-            raise ProtocolError(f"not a storage admin message: {t.__name__}")
-        return b"".join(out)
-    except struct.error as exc:
-        raise ProtocolError(f"cannot encode {type(msg).__name__}: {exc}") from None
-
-
-def decode(buf: bytes | memoryview) -> AdminMessage:
-    if len(buf) < _PREFIX.size:
-        raise ProtocolError(f"admin message: {len(buf)} bytes is shorter than the {_PREFIX.size}-byte prefix")
-    kind, seq = _PREFIX.unpack_from(buf, 0)
-    cls = _BY_TYPE.get(kind)
-    if cls is None:
-        raise ProtocolError(f"admin message: unknown message type {kind}")
-    r = Reader(buf, _PREFIX.size, cls.__name__)
-    msg: AdminMessage
-    if cls is AdminFailureResponse:
-        msg = AdminFailureResponse(seq, r.str("error type"), r.str("message"))
-    elif cls is AdminOpenRequest:
-        msg = AdminOpenRequest(seq, r.uuid("cluster key"), r.i32("number of partitions"))
-    elif cls is PartitionAvailableRequest:
-        msg = PartitionAvailableRequest(seq, r.int_array("partition ids"), r.bool("available"))
-    elif cls is PartitionAssignmentRequest:
-        msg = PartitionAssignmentRequest(seq, r.int_array("partition ids"), r.bool("assigned"), r.bool("delete storage files"))
-    elif cls is AdminRecordListRequest:
-        msg = AdminRecordListRequest(seq, r.i32("partition id"), r.i64("transaction id"), r.i32("max records"))
-    elif cls is AdminRecordListResponse:
-        msg = AdminRecordListResponse(seq, r.i32("partition id"), r.records("records"))
-    elif cls is AdminLastSessionInfoRequest:
-        msg = AdminLastSessionInfoRequest(seq, r.i32("partition id"))
-    elif cls is AdminLastSessionInfoResponse:
-        msg = AdminLastSessionInfoResponse(seq, r.i32("partition id"), r.session_info())
-    elif cls is MetricsResponse:
-        msg = MetricsResponse(seq, r.str("metrics"))
-    elif cls is AssignedPartitionStatusResponse:
-        n = r.count("statuses", 5)
-        msg = AssignedPartitionStatusResponse(seq, tuple((r.i32("partition id"), r.bool("available")) for _ in range(n)))
-    else:
-        msg = cls(seq)
-    r.done()
-    return msg
+#: the generic codec derived from the declarations above (type table checked at import)
+CODEC: Final[FamilyCodec[AdminMessage]] = FamilyCodec("storage admin", "admin message", (("seq_num", INT64),),
+                                                      MESSAGES)
+encode: Final = CODEC.encode
+decode: Final = CODEC.decode

@@ -1,20 +1,46 @@
 """Client <-> server messages (Waltz design, "Client-Server Communication"; original codec V4).
 
-Every payload starts with ``byte type`` then the 16-byte :class:`ReqId`. Stream connections
-carry mount/append/feed/flush/lock-failure; RPC connections carry transaction data, high-water
-marks and the admin requests. ``encode`` and ``decode`` are pure functions: bytes in, message out.
+Every payload starts with ``byte type`` then the 16-byte :class:`ReqId`; the rest of each
+message's layout is declared on its class (field annotations, see :mod:`.layout`), in field
+order. Stream connections carry mount/append/feed/flush/lock-failure; RPC connections carry
+transaction data, high-water marks and the admin requests. ``encode`` and ``decode`` are pure
+functions: message in, bytes out and back.
+
+Hand-written fast paths, registered as overrides of the generic codec and equivalent to it:
+``AppendRequest`` (encoded from its fields by :func:`encode_append`, decoded by
+:func:`_dec_append`) and ``FeedData`` (one struct each way). Two more work without message
+objects: :func:`encode_feed_data` (the server's feed, from fields) and :func:`unpack_feed_data`
+(the client's stream reader, to a plain tuple).
 """
 
 from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable
-from typing import Any, ClassVar, Final, TypeAlias
+import typing
+from typing import Annotated, Any, ClassVar, Final, TypeAlias
 
 import attrs
 
 from ..errors import ChecksumError, ProtocolError
+from .layout import (
+    BLOB,
+    BOOL,
+    INT32,
+    INT64,
+    INT_ARRAY,
+    REQ_ID,
+    STRING,
+    UINT32,
+    Array,
+    Buf,
+    Enum32,
+    FamilyCodec,
+    FixedTuple,
+    Group,
+    Nullable,
+    Tuple,
+)
 from .wire import (
     I32,
     U32,
@@ -41,47 +67,134 @@ class PartitionState(enum.IntEnum):
     CLIENT_AHEAD = 2
 
 
+class _DataOrError(Group):
+    """TransactionDataResponse's ``data``, ``checksum`` and ``error``: ``bool ok``, then ``blob
+    data, uint checksum`` when ok, else ``str error`` (no data: checksum 0, error at least "")."""
+
+    fields = ("data", "checksum", "error")
+
+    def write(self, out: list[bytes], value: tuple[Any, ...]) -> None:
+        data, checksum, error = value
+        if data is not None:
+            out.append(b"\x01")
+            w_blob(out, data)
+            out.append(U32.pack(checksum))
+        else:
+            out.append(b"\x00")
+            w_str(out, error or "")
+
+    def read(self, r: Reader, label: str) -> tuple[Any, ...]:
+        if r.bool("success flag"):
+            return r.blob("data"), r.u32("checksum"), None
+        return None, 0, r.str("error message")
+
+
+#: Wire bytes per transaction of a range response besides its data (length + checksum).
+DATA_RANGE_ITEM_OVERHEAD: Final = 8
+_CRC_AND_SIZE: Final = struct.Struct(">Ii")  # one transaction's checksum + the next one's data length
+
+
+class _DataWithChecksums(Group):
+    """TransactionDataRangeResponse's ``data`` and ``checksums``: ``int`` count, then per
+    transaction ``int`` length, data, ``uint`` checksum. A hot path on the client (one decode per
+    range of up to hundreds of transactions): offsets are checked inline, every length against
+    the bytes actually left before anything is copied."""
+
+    fields = ("data", "checksums")
+
+    def write(self, out: list[bytes], value: tuple[Any, ...]) -> None:
+        data, checksums = value
+        n = len(data)
+        if len(checksums) != n:
+            raise ValueError(f"{n} data but {len(checksums)} checksums")
+        out.append(I32.pack(n))
+        if n:
+            # A checksum and the next length are packed together: one small allocation per
+            # transaction instead of two.
+            pack = _CRC_AND_SIZE.pack
+            out.append(I32.pack(len(data[0])))
+            for i in range(n - 1):
+                out.append(data[i])
+                out.append(pack(checksums[i], len(data[i + 1])))
+            out.append(data[-1])
+            out.append(U32.pack(checksums[-1]))
+
+    def read(self, r: Reader, label: str) -> tuple[Any, ...]:
+        n = r.count("transactions", DATA_RANGE_ITEM_OVERHEAD)
+        buf, pos, end = r.buf, r.pos, r.end
+        unpack_i32, unpack_u32 = I32.unpack_from, U32.unpack_from
+        data: list[bytes] = []
+        checksums: list[int] = []
+        for i in range(n):
+            if pos + DATA_RANGE_ITEM_OVERHEAD > end:
+                raise ProtocolError(f"{r.what}: truncated at byte {pos} in transaction {i} of {n}")
+            (size,) = unpack_i32(buf, pos)
+            pos += 4
+            if size < 0 or pos + size + 4 > end:
+                raise ProtocolError(f"{r.what}: transaction {i} of {n} claims {size} data bytes, {end - pos} left")
+            data.append(bytes(buf[pos : pos + size]))
+            checksums.append(unpack_u32(buf, pos + size)[0])
+            pos += size + 4
+        r.pos = pos
+        return tuple(data), tuple(checksums)
+
+
+_DATA_OR_ERROR: Final = _DataOrError()
+_DATA_WITH_CHECKSUMS: Final = _DataWithChecksums()
+_ERROR: Final = Nullable(STRING, flag_label="error flag", label="error message")
+_PARTITION_STATE: Final = Enum32(PartitionState)
+
+
+# ----------------------------------------------------------------------------------- messages
+
+
 @attrs.frozen(slots=True)
 class MountRequest:
     TYPE: ClassVar[int] = 0
     req_id: ReqId
-    client_high_water_mark: int
-    seq_num: int  #: the network client's sequence number; newer connections supersede older ones
+    client_high_water_mark: Annotated[int, INT64]
+    #: the network client's sequence number; newer connections supersede older ones
+    seq_num: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
 class MountResponse:
     TYPE: ClassVar[int] = 1
     req_id: ReqId
-    state: PartitionState
+    state: Annotated[PartitionState, _PARTITION_STATE]
 
 
 @attrs.frozen(slots=True)
 class AppendRequest:
     TYPE: ClassVar[int] = 2
     req_id: ReqId
-    client_high_water_mark: int
-    write_locks: tuple[int, ...]
-    read_locks: tuple[int, ...]
-    append_locks: tuple[int, ...]
-    header: int
-    data: bytes
-    checksum: int  #: CRC-32 of data; verified when decoded
+    client_high_water_mark: Annotated[int, INT64]
+    write_locks: Annotated[tuple[int, ...], INT_ARRAY]
+    read_locks: Annotated[tuple[int, ...], INT_ARRAY]
+    append_locks: Annotated[tuple[int, ...], INT_ARRAY]
+    header: Annotated[int, INT32]
+    data: Annotated[bytes, BLOB]
+    checksum: Annotated[int, UINT32]  #: CRC-32 of data; verified when decoded
+
+    def verify(self) -> None:
+        """ChecksumError unless ``checksum`` is the CRC-32 of ``data`` (decoding calls it)."""
+        if crc32(self.data) != self.checksum:
+            raise ChecksumError(f"AppendRequest {self.req_id}: transaction data checksum mismatch")
 
 
 @attrs.frozen(slots=True)
 class FeedRequest:
     TYPE: ClassVar[int] = 3
     req_id: ReqId
-    client_high_water_mark: int
+    client_high_water_mark: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
 class FeedData:
     TYPE: ClassVar[int] = 4
     req_id: ReqId  #: the request id of the append that produced this transaction
-    transaction_id: int
-    header: int
+    transaction_id: Annotated[int, INT64]
+    header: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
@@ -94,15 +207,15 @@ class FeedSuspended:
 class TransactionDataRequest:
     TYPE: ClassVar[int] = 6
     req_id: ReqId
-    transaction_id: int
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
 class TransactionDataResponse:
     TYPE: ClassVar[int] = 7
     req_id: ReqId
-    transaction_id: int
-    data: bytes | None  #: None when the fetch failed
+    transaction_id: Annotated[int, INT64]
+    data: Annotated[bytes | None, _DATA_OR_ERROR]  #: None when the fetch failed
     checksum: int
     error: str | None  #: set when the fetch failed
 
@@ -117,14 +230,16 @@ class FlushRequest:
 class FlushResponse:
     TYPE: ClassVar[int] = 9
     req_id: ReqId
-    transaction_id: int  #: the high-water mark after the pending appends were processed
+    #: the high-water mark after the pending appends were processed
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
 class LockFailure:
     TYPE: ClassVar[int] = 10
     req_id: ReqId
-    transaction_id: int  #: the (estimated) transaction that made the lock request fail
+    #: the (estimated) transaction that made the lock request fail
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
@@ -137,7 +252,7 @@ class HighWaterMarkRequest:
 class HighWaterMarkResponse:
     TYPE: ClassVar[int] = 12
     req_id: ReqId
-    transaction_id: int
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
@@ -150,7 +265,8 @@ class CheckStorageConnectivityRequest:
 class CheckStorageConnectivityResponse:
     TYPE: ClassVar[int] = 14
     req_id: ReqId
-    statuses: tuple[tuple[str, bool], ...]  #: ("host:port", reachable)
+    #: ("host:port", reachable)
+    statuses: Annotated[tuple[tuple[str, bool], ...], Array(Tuple(STRING, BOOL))]
 
 
 @attrs.frozen(slots=True)
@@ -163,35 +279,35 @@ class ServerPartitionsAssignmentRequest:
 class ServerPartitionsAssignmentResponse:
     TYPE: ClassVar[int] = 16
     req_id: ReqId
-    partition_ids: tuple[int, ...]
+    partition_ids: Annotated[tuple[int, ...], INT_ARRAY]
 
 
 @attrs.frozen(slots=True)
 class AddPreferredPartitionRequest:
     TYPE: ClassVar[int] = 17
     req_id: ReqId
-    partition_ids: tuple[int, ...]
+    partition_ids: Annotated[tuple[int, ...], INT_ARRAY]
 
 
 @attrs.frozen(slots=True)
 class AddPreferredPartitionResponse:
     TYPE: ClassVar[int] = 18
     req_id: ReqId
-    ok: bool
+    ok: Annotated[bool, BOOL]
 
 
 @attrs.frozen(slots=True)
 class RemovePreferredPartitionRequest:
     TYPE: ClassVar[int] = 19
     req_id: ReqId
-    partition_ids: tuple[int, ...]
+    partition_ids: Annotated[tuple[int, ...], INT_ARRAY]
 
 
 @attrs.frozen(slots=True)
 class RemovePreferredPartitionResponse:
     TYPE: ClassVar[int] = 20
     req_id: ReqId
-    ok: bool
+    ok: Annotated[bool, BOOL]
 
 
 @attrs.frozen(slots=True)
@@ -204,7 +320,8 @@ class ServerPartitionsHealthStatRequest:
 class ServerPartitionsHealthStatResponse:
     TYPE: ClassVar[int] = 22
     req_id: ReqId
-    health: tuple[tuple[int, bool], ...]  #: (partition id, healthy)
+    #: (partition id, healthy)
+    health: Annotated[tuple[tuple[int, bool], ...], Array(FixedTuple(INT32, BOOL))]
 
 
 @attrs.frozen(slots=True)
@@ -216,9 +333,9 @@ class TransactionDataRangeRequest:
 
     TYPE: ClassVar[int] = 23
     req_id: ReqId
-    first_transaction_id: int
-    max_count: int
-    max_bytes: int
+    first_transaction_id: Annotated[int, INT64]
+    max_count: Annotated[int, INT32]
+    max_bytes: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
@@ -230,10 +347,10 @@ class TransactionDataRangeResponse:
 
     TYPE: ClassVar[int] = 24
     req_id: ReqId
-    first_transaction_id: int
-    data: tuple[bytes, ...]
+    first_transaction_id: Annotated[int, INT64]
+    data: Annotated[tuple[bytes, ...], _DATA_WITH_CHECKSUMS]
     checksums: tuple[int, ...]  #: one per element of ``data``
-    error: str | None
+    error: Annotated[str | None, _ERROR]
 
 
 ClientMessage: TypeAlias = (
@@ -245,45 +362,22 @@ ClientMessage: TypeAlias = (
     ServerPartitionsHealthStatRequest | ServerPartitionsHealthStatResponse | TransactionDataRangeRequest |
     TransactionDataRangeResponse
 )
+#: every message class, in TYPE order (the alias above is the one list of them)
+MESSAGES: Final[tuple[type, ...]] = typing.get_args(ClientMessage)
 
-MESSAGES: Final[tuple[type, ...]] = (
-    MountRequest, MountResponse, AppendRequest, FeedRequest, FeedData, FeedSuspended,
-    TransactionDataRequest, TransactionDataResponse, FlushRequest, FlushResponse, LockFailure,
-    HighWaterMarkRequest, HighWaterMarkResponse, CheckStorageConnectivityRequest,
-    CheckStorageConnectivityResponse, ServerPartitionsAssignmentRequest, ServerPartitionsAssignmentResponse,
-    AddPreferredPartitionRequest, AddPreferredPartitionResponse, RemovePreferredPartitionRequest,
-    RemovePreferredPartitionResponse, ServerPartitionsHealthStatRequest, ServerPartitionsHealthStatResponse,
-    TransactionDataRangeRequest, TransactionDataRangeResponse,
-)
+#: the generic codec derived from the declarations above (type table checked at import)
+CODEC: Final[FamilyCodec[ClientMessage]] = FamilyCodec("client/server", "client message", (("req_id", REQ_ID),),
+                                                       MESSAGES)
+encode: Final = CODEC.encode
+decode: Final = CODEC.decode
 
-# ------------------------------------------------------------------------------------ structs
-_HEAD: Final = struct.Struct(">biiii")  # type + req id
-_HEAD_LONG: Final = struct.Struct(">biiiiq")  # type + req id + one long
+
+# --------------------------------------------------------------------------------- fast paths
+
 _FEED_DATA: Final = struct.Struct(">biiiiqi")  # type + req id + transaction id + header
-_MOUNT_REQ: Final = struct.Struct(">biiiiqq")
-_MOUNT_RESP: Final = struct.Struct(">biiiii")
-_HEAD_BOOL: Final = struct.Struct(">biiiib")
-
-_LONG_BODIED: dict[type, str] = {
-    FeedRequest: "client_high_water_mark", TransactionDataRequest: "transaction_id", FlushResponse: "transaction_id",
-    LockFailure: "transaction_id", HighWaterMarkResponse: "transaction_id"}
-_EMPTY_BODIED = (FeedSuspended, FlushRequest, HighWaterMarkRequest, CheckStorageConnectivityRequest,
-                 ServerPartitionsAssignmentRequest, ServerPartitionsHealthStatRequest)
-
-
-def _head(msg: ClientMessage) -> bytes:
-    q = msg.req_id
-    return _HEAD.pack(msg.TYPE, q.client_id, q.generation, q.partition_id, q.seq_num)
-
-
-def encode(msg: ClientMessage) -> bytes:
-    """Encode one message to a frame payload."""
-    try:
-        return _ENCODERS[type(msg)](msg)
-    except struct.error as exc:
-        raise ProtocolError(f"cannot encode {type(msg).__name__}: {exc}") from None
-    except KeyError:
-        raise ProtocolError(f"not a client/server message: {type(msg).__name__}") from None
+_HEAD_LONG: Final = struct.Struct(">biiiiq")  # type + req id + one long
+#: An append without locks: everything before the data in one struct (the common case).
+_APPEND_PLAIN_HEAD: Final = struct.Struct(">biiiiqiiiii")
 
 
 def encode_feed_data(req_id: ReqId, transaction_id: int, header: int) -> bytes:
@@ -293,22 +387,33 @@ def encode_feed_data(req_id: ReqId, transaction_id: int, header: int) -> bytes:
     return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, transaction_id, header)
 
 
+@CODEC.encoder(FeedData)
 def _enc_feed_data(m: FeedData) -> bytes:
-    return encode_feed_data(m.req_id, m.transaction_id, m.header)
+    q = m.req_id  # encode_feed_data inlined: one call less per message
+    return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, m.transaction_id, m.header)
 
 
-def _enc_mount_req(m: MountRequest) -> bytes:
-    q = m.req_id
-    return _MOUNT_REQ.pack(0, q.client_id, q.generation, q.partition_id, q.seq_num, m.client_high_water_mark, m.seq_num)
+_FEED_DATA_SIZE: Final = _FEED_DATA.size
+_unpack_feed_data: Final = _FEED_DATA.unpack  # bound once: the client decodes one per transaction
 
 
-def _enc_mount_resp(m: MountResponse) -> bytes:
-    q = m.req_id
-    return _MOUNT_RESP.pack(1, q.client_id, q.generation, q.partition_id, q.seq_num, int(m.state))
+@CODEC.decoder(FeedData)
+def _dec_feed_data(buf: Buf) -> FeedData:
+    if len(buf) != _FEED_DATA_SIZE:
+        raise ProtocolError(f"FeedData: expected {_FEED_DATA_SIZE} bytes, got {len(buf)}")
+    _, c, g, p, s, t, h = _unpack_feed_data(buf)
+    return FeedData(ReqId(c, g, p, s), t, h)
 
 
-#: An append without locks: everything before the data in one struct (the common case).
-_APPEND_PLAIN_HEAD: Final = struct.Struct(">biiiiqiiiii")
+def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
+    """``(client id, generation, partition id, seq num, transaction id, header)`` when ``buf`` is a
+    well-formed FeedData payload, else None (decode it with :func:`decode`, which names the problem).
+
+    The client's stream reader takes this path for every feed record: no message objects.
+    """
+    if len(buf) != _FEED_DATA.size or buf[0] != 4:
+        return None
+    return _FEED_DATA.unpack(buf)[1:]
 
 
 def encode_append(client_id: int, generation: int, partition_id: int, seq_num: int, client_high_water_mark: int,
@@ -330,184 +435,25 @@ def encode_append(client_id: int, generation: int, partition_id: int, seq_num: i
     return b"".join(out)
 
 
+@CODEC.encoder(AppendRequest)
 def _enc_append(m: AppendRequest) -> bytes:
+    # encode_append's body on the message's fields: calling it with eleven arguments would cost
+    # more than its pack does (tests keep the two equal)
     q = m.req_id
-    return encode_append(q.client_id, q.generation, q.partition_id, q.seq_num, m.client_high_water_mark,
-                         m.write_locks, m.read_locks, m.append_locks, m.header, m.data, m.checksum)
-
-
-def _enc_long(m: ClientMessage) -> bytes:
-    q = m.req_id
-    return _HEAD_LONG.pack(m.TYPE, q.client_id, q.generation, q.partition_id, q.seq_num, getattr(m, _LONG_BODIED[type(m)]))
-
-
-def _enc_txn_data_resp(m: TransactionDataResponse) -> bytes:
-    q = m.req_id
-    out = [_HEAD_LONG.pack(7, q.client_id, q.generation, q.partition_id, q.seq_num, m.transaction_id)]
-    if m.data is not None:
-        out.append(b"\x01")
-        w_blob(out, m.data)
-        out.append(U32.pack(m.checksum))
-    else:
-        out.append(b"\x00")
-        w_str(out, m.error or "")
+    data = m.data
+    write_locks, read_locks, append_locks = m.write_locks, m.read_locks, m.append_locks
+    if not write_locks and not read_locks and not append_locks:
+        return b"".join((_APPEND_PLAIN_HEAD.pack(2, q.client_id, q.generation, q.partition_id, q.seq_num,
+                                                 m.client_high_water_mark, 0, 0, 0, m.header, len(data)),
+                         data, U32.pack(m.checksum)))
+    out = [_HEAD_LONG.pack(2, q.client_id, q.generation, q.partition_id, q.seq_num, m.client_high_water_mark)]
+    w_int_array(out, write_locks)
+    w_int_array(out, read_locks)
+    w_int_array(out, append_locks)
+    out.append(I32.pack(m.header))
+    w_blob(out, data)
+    out.append(U32.pack(m.checksum))
     return b"".join(out)
-
-
-def _enc_statuses(m: CheckStorageConnectivityResponse) -> bytes:
-    out = [_head(m), I32.pack(len(m.statuses))]
-    for endpoint, ok in m.statuses:
-        w_str(out, endpoint)
-        out.append(b"\x01" if ok else b"\x00")
-    return b"".join(out)
-
-
-def _enc_ids(m: ServerPartitionsAssignmentResponse | AddPreferredPartitionRequest | RemovePreferredPartitionRequest) -> bytes:
-    out = [_head(m)]
-    w_int_array(out, m.partition_ids)
-    return b"".join(out)
-
-
-def _enc_ok(m: AddPreferredPartitionResponse | RemovePreferredPartitionResponse) -> bytes:
-    q = m.req_id
-    return _HEAD_BOOL.pack(m.TYPE, q.client_id, q.generation, q.partition_id, q.seq_num, 1 if m.ok else 0)
-
-
-def _enc_health(m: ServerPartitionsHealthStatResponse) -> bytes:
-    out = [_head(m), I32.pack(len(m.health))]
-    out.extend(struct.pack(">ib", pid, 1 if ok else 0) for pid, ok in m.health)
-    return b"".join(out)
-
-
-_DATA_RANGE_REQ: Final = struct.Struct(">biiiiqii")  # type + req id + first id + max count + max bytes
-_DATA_RANGE_RESP_HEAD: Final = struct.Struct(">biiiiqi")  # type + req id + first id + transaction count
-_CRC_AND_SIZE: Final = struct.Struct(">Ii")  # one transaction's checksum + the next one's data length
-#: Wire bytes per transaction of a range response besides its data (length + checksum).
-DATA_RANGE_ITEM_OVERHEAD: Final = 8
-
-
-def _enc_txn_data_range_req(m: TransactionDataRangeRequest) -> bytes:
-    q = m.req_id
-    return _DATA_RANGE_REQ.pack(23, q.client_id, q.generation, q.partition_id, q.seq_num, m.first_transaction_id,
-                                m.max_count, m.max_bytes)
-
-
-def _enc_txn_data_range_resp(m: TransactionDataRangeResponse) -> bytes:
-    q = m.req_id
-    data, checksums = m.data, m.checksums
-    n = len(data)
-    if len(checksums) != n:
-        raise ProtocolError(f"TransactionDataRangeResponse: {n} data but {len(checksums)} checksums")
-    out = [_DATA_RANGE_RESP_HEAD.pack(24, q.client_id, q.generation, q.partition_id, q.seq_num,
-                                      m.first_transaction_id, n)]
-    if n:
-        # Layout per transaction: int length, data, uint checksum. A checksum and the next length
-        # are packed together: one small allocation per transaction instead of two.
-        pack = _CRC_AND_SIZE.pack
-        out.append(I32.pack(len(data[0])))
-        for i in range(n - 1):
-            out.append(data[i])
-            out.append(pack(checksums[i], len(data[i + 1])))
-        out.append(data[-1])
-        out.append(U32.pack(checksums[-1]))
-    if m.error is None:
-        out.append(b"\x00")
-    else:
-        out.append(b"\x01")
-        w_str(out, m.error)
-    return b"".join(out)
-
-
-_ENCODERS: dict[type, Callable[[Any], bytes]] = {
-    TransactionDataRangeRequest: _enc_txn_data_range_req,
-    TransactionDataRangeResponse: _enc_txn_data_range_resp,
-    MountRequest: _enc_mount_req,
-    MountResponse: _enc_mount_resp,
-    AppendRequest: _enc_append,
-    FeedData: _enc_feed_data,
-    TransactionDataResponse: _enc_txn_data_resp,
-    CheckStorageConnectivityResponse: _enc_statuses,
-    ServerPartitionsAssignmentResponse: _enc_ids,
-    AddPreferredPartitionRequest: _enc_ids,
-    RemovePreferredPartitionRequest: _enc_ids,
-    AddPreferredPartitionResponse: _enc_ok,
-    RemovePreferredPartitionResponse: _enc_ok,
-    ServerPartitionsHealthStatResponse: _enc_health,
-    **{cls: _enc_long for cls in _LONG_BODIED},
-    **{cls: _head for cls in _EMPTY_BODIED},
-}
-
-# ------------------------------------------------------------------------------------ decoding
-
-
-def decode(buf: bytes | memoryview) -> ClientMessage:
-    """Decode one frame payload. Anything malformed raises :class:`ProtocolError` naming the problem."""
-    if not buf:
-        raise ProtocolError("client message: empty frame")
-    kind = buf[0]
-    if kind >= len(_DECODERS):
-        raise ProtocolError(f"client message: unknown message type {kind}")
-    # Fast paths: fixed-size messages decode with one precompiled struct.
-    if kind == 4:
-        if len(buf) != _FEED_DATA.size:
-            raise ProtocolError(f"FeedData: expected {_FEED_DATA.size} bytes, got {len(buf)}")
-        _, c, g, p, s, t, h = _FEED_DATA.unpack(buf)
-        return FeedData(ReqId(c, g, p, s), t, h)
-    if kind == 2:
-        return _dec_append(buf)
-    decoder = _DECODERS[kind]
-    assert decoder is not None  # the kinds without one took their fast path above
-    return decoder(Reader(buf, 1, _NAMES[kind]))
-
-
-def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
-    """``(client id, generation, partition id, seq num, transaction id, header)`` when ``buf`` is a
-    well-formed FeedData payload, else None (decode it with :func:`decode`, which names the problem).
-
-    The client's stream reader takes this path for every feed record: no message objects.
-    """
-    if len(buf) != _FEED_DATA.size or buf[0] != 4:
-        return None
-    return _FEED_DATA.unpack(buf)[1:]
-
-
-_Decoder: TypeAlias = Callable[[Reader], ClientMessage]
-
-
-def _dec_req(cls: Callable[[ReqId], ClientMessage]) -> _Decoder:
-    def dec(r: Reader) -> ClientMessage:
-        q = r.req_id()
-        r.done()
-        return cls(q)
-    return dec
-
-
-def _dec_long(cls: type[Any]) -> _Decoder:
-    def dec(r: Reader) -> ClientMessage:
-        q = r.req_id()
-        v = r.i64(_LONG_BODIED[cls])
-        r.done()
-        msg: ClientMessage = cls(q, v)
-        return msg
-    return dec
-
-
-def _dec_mount_req(r: Reader) -> MountRequest:
-    q = r.req_id()
-    m = MountRequest(q, r.i64("client high-water mark"), r.i64("sequence number"))
-    r.done()
-    return m
-
-
-def _dec_mount_resp(r: Reader) -> MountResponse:
-    q = r.req_id()
-    raw = r.i32("partition state")
-    try:
-        state = PartitionState(raw)
-    except ValueError:
-        raise ProtocolError(f"MountResponse: unknown partition state {raw}") from None
-    r.done()
-    return MountResponse(q, state)
 
 
 _TWO_INTS: Final = struct.Struct(">ii")
@@ -515,7 +461,8 @@ _INT_ARRAYS: Final = tuple(struct.Struct(f">{n}i") for n in range(17))  # the co
 _APPEND_MIN: Final = _HEAD_LONG.size + 3 * 4 + 4 + 4 + 4  # no locks, no data
 
 
-def _dec_append(buf: bytes | memoryview) -> AppendRequest:
+@CODEC.decoder(AppendRequest)
+def _dec_append(buf: Buf) -> AppendRequest:
     """AppendRequest fast path (the server decodes one per transaction).
 
     Offsets are computed directly instead of through :class:`Reader`; anything that does not
@@ -557,130 +504,5 @@ def _dec_append(buf: bytes | memoryview) -> AppendRequest:
     return AppendRequest(q, hwm, locks[0], locks[1], locks[2], header, data, checksum)
 
 
-def _dec_append_checked(r: Reader) -> AppendRequest:
-    q = r.req_id()
-    hwm = r.i64("client high-water mark")
-    wl = r.int_array("write locks")
-    rl = r.int_array("read locks")
-    al = r.int_array("append locks")
-    header = r.i32("header")
-    data = r.blob("data")
-    checksum = r.u32("checksum")
-    r.done()
-    if crc32(data) != checksum:
-        raise ChecksumError(f"AppendRequest {q}: transaction data checksum mismatch")
-    return AppendRequest(q, hwm, wl, rl, al, header, data, checksum)
-
-
-def _dec_txn_data_resp(r: Reader) -> TransactionDataResponse:
-    q = r.req_id()
-    txn = r.i64("transaction id")
-    if r.bool("success flag"):
-        data = r.blob("data")
-        checksum = r.u32("checksum")
-        r.done()
-        return TransactionDataResponse(q, txn, data, checksum, None)
-    error = r.str("error message")
-    r.done()
-    return TransactionDataResponse(q, txn, None, 0, error)
-
-
-def _dec_statuses(r: Reader) -> CheckStorageConnectivityResponse:
-    q = r.req_id()
-    n = r.count("statuses", 5)
-    statuses = tuple((r.str("endpoint"), r.bool("reachable")) for _ in range(n))
-    r.done()
-    return CheckStorageConnectivityResponse(q, statuses)
-
-
-def _dec_ids(cls: Callable[[ReqId, tuple[int, ...]], ClientMessage]) -> _Decoder:
-    def dec(r: Reader) -> ClientMessage:
-        q = r.req_id()
-        ids = r.int_array("partition ids")
-        r.done()
-        return cls(q, ids)
-    return dec
-
-
-def _dec_ok(cls: Callable[[ReqId, bool], ClientMessage]) -> _Decoder:
-    def dec(r: Reader) -> ClientMessage:
-        q = r.req_id()
-        ok = r.bool("result")
-        r.done()
-        return cls(q, ok)
-    return dec
-
-
-def _dec_health(r: Reader) -> ServerPartitionsHealthStatResponse:
-    q = r.req_id()
-    n = r.count("health", 5)
-    health = tuple((r.i32("partition id"), r.bool("healthy")) for _ in range(n))
-    r.done()
-    return ServerPartitionsHealthStatResponse(q, health)
-
-
-_DATA_RANGE_REQ_BODY: Final = struct.Struct(">iiiiqii")  # _DATA_RANGE_REQ after the type byte
-
-
-def _dec_txn_data_range_req(r: Reader) -> TransactionDataRangeRequest:
-    c, g, p, s, first, max_count, max_bytes = r.unpack(_DATA_RANGE_REQ_BODY, "request id, range and limits")
-    r.done()
-    return TransactionDataRangeRequest(ReqId(c, g, p, s), first, max_count, max_bytes)
-
-
-def _dec_txn_data_range_resp(r: Reader) -> TransactionDataRangeResponse:
-    # Hot path on the client (one call per range of up to hundreds of transactions): offsets are
-    # checked inline, every length against the bytes actually left before anything is copied.
-    q = r.req_id()
-    first = r.i64("first transaction id")
-    n = r.count("transactions", DATA_RANGE_ITEM_OVERHEAD)
-    buf, pos, end = r.buf, r.pos, r.end
-    unpack_i32, unpack_u32 = I32.unpack_from, U32.unpack_from
-    data: list[bytes] = []
-    checksums: list[int] = []
-    for i in range(n):
-        if pos + DATA_RANGE_ITEM_OVERHEAD > end:
-            raise ProtocolError(f"TransactionDataRangeResponse: truncated at byte {pos} in transaction {i} of {n}")
-        (size,) = unpack_i32(buf, pos)
-        pos += 4
-        if size < 0 or pos + size + 4 > end:
-            raise ProtocolError(f"TransactionDataRangeResponse: transaction {i} of {n} claims {size} data bytes, "
-                                f"{end - pos} left")
-        data.append(bytes(buf[pos : pos + size]))
-        checksums.append(unpack_u32(buf, pos + size)[0])
-        pos += size + 4
-    r.pos = pos
-    error = r.str("error message") if r.bool("error flag") else None
-    r.done()
-    return TransactionDataRangeResponse(q, first, tuple(data), tuple(checksums), error)
-
-
-_DECODERS: tuple[_Decoder | None, ...] = (
-    _dec_mount_req,
-    _dec_mount_resp,
-    None,  # AppendRequest: fast path in decode()
-    _dec_long(FeedRequest),
-    None,  # FeedData: fast path in decode()
-    _dec_req(FeedSuspended),
-    _dec_long(TransactionDataRequest),
-    _dec_txn_data_resp,
-    _dec_req(FlushRequest),
-    _dec_long(FlushResponse),
-    _dec_long(LockFailure),
-    _dec_req(HighWaterMarkRequest),
-    _dec_long(HighWaterMarkResponse),
-    _dec_req(CheckStorageConnectivityRequest),
-    _dec_statuses,
-    _dec_req(ServerPartitionsAssignmentRequest),
-    _dec_ids(ServerPartitionsAssignmentResponse),
-    _dec_ids(AddPreferredPartitionRequest),
-    _dec_ok(AddPreferredPartitionResponse),
-    _dec_ids(RemovePreferredPartitionRequest),
-    _dec_ok(RemovePreferredPartitionResponse),
-    _dec_req(ServerPartitionsHealthStatRequest),
-    _dec_health,
-    _dec_txn_data_range_req,
-    _dec_txn_data_range_resp,
-)
-_NAMES: tuple[str, ...] = tuple(cls.__name__ for cls in MESSAGES)
-assert all(cls.TYPE == i for i, cls in enumerate(MESSAGES))  # type: ignore[attr-defined]
+#: The generic AppendRequest decoder from byte 1: the fast path's fallback, which names the problem.
+_dec_append_checked: Final = CODEC.body_reader(AppendRequest)

@@ -1,82 +1,65 @@
 """Server <-> storage messages: the original Waltz's ten request/response patterns.
 
-Every payload starts with ``byte type, long session_id, long seq_num, int partition_id``. The
-open request uses -1 for all three. Failures carry the error class name and a message so the
-server re-raises the same :mod:`waltz_core.errors` class (:func:`waltz_core.errors.error_from_wire`).
+Every payload starts with ``byte type, long session_id, long seq_num, int partition_id`` (the
+family head); the rest of each message's layout is declared on its class (field annotations,
+see :mod:`.layout`), in field order. The open request uses -1 for all three head fields.
 ``offline`` marks requests of offline recovery tools (original ``usedByOfflineRecovery``).
+Failures carry a numeric error code and a message, from which the server raises the matching
+:mod:`waltz_core.errors` class.
 
 Version 2: appends and record lists carry a :class:`~.wire.RecordBatch` (``int count, long first
 transaction id, int byte length`` and the records in the stored layout, record checksums
-included) instead of version 1's per-record encoding; a version-1 peer fails the handshake.
+included) instead of version 1's per-record encoding.
+
+Version 3: ``FailureResponse`` carries ``int error_code`` (a numeric code from
+:mod:`waltz_core.errors`) where version 2 had ``str error_type`` (an exception class name), in
+the same position. Only version 3 is spoken: an older peer fails the handshake.
+
+Hand-written fast paths, registered as overrides of the generic codec and equivalent to it: the
+record batches of ``StorageAppendRequest`` and ``RecordListResponse`` (head and batch head in
+one struct).
 """
 
 from __future__ import annotations
 
 import struct
+import typing
 import uuid
 from collections.abc import Iterable
-from typing import ClassVar, Final, TypeAlias
+from typing import Annotated, ClassVar, Final, TypeAlias
 
 import attrs
 
-from ..errors import ProtocolError
+from .layout import (
+    BOOL,
+    INT32,
+    INT64,
+    ONE_RECORD,
+    RECORD_HEADER,
+    RECORD_HEADERS,
+    SESSION_INFO,
+    STRING,
+    UUID,
+    Buf,
+    FamilyCodec,
+    Nullable,
+    RecordBatchCodec,
+)
 from .wire import (
-    I32,
-    I64,
-    Reader,
+    RECORD_BATCH_HEAD,
+    STORED_RECORD_OVERHEAD,
     Record,
     RecordBatch,
     RecordHeader,
     SessionInfo,
-    w_record_batch,
-    w_record_header,
-    w_records,
-    w_session_info,
-    w_str,
 )
 
 PROTOCOL: Final = b"S"
-VERSIONS: Final = (2,)  #: 2: record batches in the stored layout (see the module doc)
+VERSIONS: Final = (3,)  #: 3: numeric error codes in failures; 2: record batches (see the module doc)
 
-_PREFIX: Final = struct.Struct(">bqqi")
-
-
-@attrs.frozen(slots=True)
-class OpenRequest:
-    TYPE: ClassVar[int] = 1
-    session_id: int
-    seq_num: int
-    partition_id: int
-    cluster_key: uuid.UUID
-    num_partitions: int
-
-
-@attrs.frozen(slots=True)
-class LastSessionInfoRequest:
-    TYPE: ClassVar[int] = 2
-    session_id: int
-    seq_num: int
-    partition_id: int
-    offline: bool = False
-
-
-@attrs.frozen(slots=True)
-class LastSessionInfoResponse:
-    TYPE: ClassVar[int] = 3
-    session_id: int
-    seq_num: int
-    partition_id: int
-    session_info: SessionInfo
-
-
-@attrs.frozen(slots=True)
-class SetLowWaterMarkRequest:
-    TYPE: ClassVar[int] = 4
-    session_id: int
-    seq_num: int
-    partition_id: int
-    low_water_mark: int
-    offline: bool = False
+_RECORD_BATCH: Final = RecordBatchCodec(walk=False)
+#: record lists are walked when decoded: a malformed list fails here, not in whoever reads it
+_RECORD_BATCH_WALKED: Final = RecordBatchCodec(walk=True)
 
 
 def _record_batch(records: RecordBatch | Iterable[Record]) -> RecordBatch:
@@ -85,13 +68,51 @@ def _record_batch(records: RecordBatch | Iterable[Record]) -> RecordBatch:
 
 
 @attrs.frozen(slots=True)
+class OpenRequest:
+    TYPE: ClassVar[int] = 1
+    session_id: int
+    seq_num: int
+    partition_id: int
+    cluster_key: Annotated[uuid.UUID, UUID]
+    num_partitions: Annotated[int, INT32]
+
+
+@attrs.frozen(slots=True)
+class LastSessionInfoRequest:
+    TYPE: ClassVar[int] = 2
+    session_id: int
+    seq_num: int
+    partition_id: int
+    offline: Annotated[bool, BOOL] = False
+
+
+@attrs.frozen(slots=True)
+class LastSessionInfoResponse:
+    TYPE: ClassVar[int] = 3
+    session_id: int
+    seq_num: int
+    partition_id: int
+    session_info: Annotated[SessionInfo, SESSION_INFO]
+
+
+@attrs.frozen(slots=True)
+class SetLowWaterMarkRequest:
+    TYPE: ClassVar[int] = 4
+    session_id: int
+    seq_num: int
+    partition_id: int
+    low_water_mark: Annotated[int, INT64]
+    offline: Annotated[bool, BOOL] = False
+
+
+@attrs.frozen(slots=True)
 class TruncateRequest:
     TYPE: ClassVar[int] = 5
     session_id: int
     seq_num: int
     partition_id: int
-    transaction_id: int  #: the max transaction id to retain
-    offline: bool = False
+    transaction_id: Annotated[int, INT64]  #: the max transaction id to retain
+    offline: Annotated[bool, BOOL] = False
 
 
 @attrs.frozen(slots=True)
@@ -101,8 +122,8 @@ class StorageAppendRequest:
     seq_num: int
     partition_id: int
     #: records in the stored layout; Records (any iterable) are encoded on construction
-    records: RecordBatch = attrs.field(converter=_record_batch)
-    offline: bool = False
+    records: Annotated[RecordBatch, _RECORD_BATCH] = attrs.field(converter=_record_batch)
+    offline: Annotated[bool, BOOL] = False
 
 
 @attrs.frozen(slots=True)
@@ -119,8 +140,8 @@ class FailureResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    error_type: str  #: a class name from waltz_core.errors
-    message: str
+    error_code: Annotated[int, INT32]  #: a numeric error code from waltz_core.errors (version 3)
+    message: Annotated[str, STRING]
 
 
 @attrs.frozen(slots=True)
@@ -129,7 +150,7 @@ class RecordHeaderRequest:
     session_id: int
     seq_num: int
     partition_id: int
-    transaction_id: int
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
@@ -138,7 +159,8 @@ class RecordHeaderResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    record_header: RecordHeader | None  #: None when the transaction is not there
+    #: None when the transaction is not there
+    record_header: Annotated[RecordHeader | None, Nullable(RECORD_HEADER)]
 
 
 @attrs.frozen(slots=True)
@@ -147,7 +169,7 @@ class RecordRequest:
     session_id: int
     seq_num: int
     partition_id: int
-    transaction_id: int
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
@@ -156,7 +178,8 @@ class RecordResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    record: Record | None
+    #: None when the transaction is not there; else a list of exactly one record (per-record layout)
+    record: Annotated[Record | None, Nullable(ONE_RECORD)]
 
 
 @attrs.frozen(slots=True)
@@ -165,7 +188,7 @@ class MaxTransactionIdRequest:
     session_id: int
     seq_num: int
     partition_id: int
-    offline: bool = False
+    offline: Annotated[bool, BOOL] = False
 
 
 @attrs.frozen(slots=True)
@@ -174,7 +197,7 @@ class MaxTransactionIdResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    transaction_id: int
+    transaction_id: Annotated[int, INT64]
 
 
 @attrs.frozen(slots=True)
@@ -183,8 +206,8 @@ class RecordHeaderListRequest:
     session_id: int
     seq_num: int
     partition_id: int
-    transaction_id: int
-    max_records: int
+    transaction_id: Annotated[int, INT64]
+    max_records: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
@@ -193,7 +216,7 @@ class RecordHeaderListResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    record_headers: tuple[RecordHeader, ...]
+    record_headers: Annotated[tuple[RecordHeader, ...], RECORD_HEADERS]
 
 
 @attrs.frozen(slots=True)
@@ -202,8 +225,8 @@ class RecordListRequest:
     session_id: int
     seq_num: int
     partition_id: int
-    transaction_id: int
-    max_records: int
+    transaction_id: Annotated[int, INT64]
+    max_records: Annotated[int, INT32]
 
 
 @attrs.frozen(slots=True)
@@ -212,7 +235,8 @@ class RecordListResponse:
     session_id: int
     seq_num: int
     partition_id: int
-    records: RecordBatch = attrs.field(converter=_record_batch)  #: as read from the storage files
+    #: as read from the storage files
+    records: Annotated[RecordBatch, _RECORD_BATCH_WALKED] = attrs.field(converter=_record_batch)
 
 
 StorageMessage: TypeAlias = (
@@ -221,122 +245,74 @@ StorageMessage: TypeAlias = (
     RecordRequest | RecordResponse | MaxTransactionIdRequest | MaxTransactionIdResponse | RecordHeaderListRequest |
     RecordHeaderListResponse | RecordListRequest | RecordListResponse
 )
+#: every message class, in TYPE order (the alias above is the one list of them)
+MESSAGES: Final[tuple[type, ...]] = typing.get_args(StorageMessage)
 
-MESSAGES: Final[tuple[type, ...]] = (
-    OpenRequest, LastSessionInfoRequest, LastSessionInfoResponse, SetLowWaterMarkRequest, TruncateRequest,
-    StorageAppendRequest, SuccessResponse, FailureResponse, RecordHeaderRequest, RecordHeaderResponse,
-    RecordRequest, RecordResponse, MaxTransactionIdRequest, MaxTransactionIdResponse,
-    RecordHeaderListRequest, RecordHeaderListResponse, RecordListRequest, RecordListResponse,
-)
-_BY_TYPE: Final[dict[int, type]] = {cls.TYPE: cls for cls in MESSAGES}  # type: ignore[attr-defined]
-_CLASSES: Final = frozenset(MESSAGES)
-
-
-def _flag(v: bool) -> bytes:
-    return b"\x01" if v else b"\x00"
+#: the generic codec derived from the declarations above (type table checked at import)
+CODEC: Final[FamilyCodec[StorageMessage]] = FamilyCodec(
+    "storage", "storage message", (("session_id", INT64), ("seq_num", INT64), ("partition_id", INT32)), MESSAGES)
+encode: Final = CODEC.encode
+decode: Final = CODEC.decode
 
 
-def encode(msg: StorageMessage) -> bytes:
-    """Encode one storage message to a frame payload."""
-    t = type(msg)
-    if t not in _CLASSES:  # checked first: a foreign object has no session_id to pack
-        raise ProtocolError(f"not a storage message: {t.__name__}")
-    try:
-        out = [_PREFIX.pack(msg.TYPE, msg.session_id, msg.seq_num, msg.partition_id)]
-        if t is StorageAppendRequest:
-            w_record_batch(out, msg.records)  # type: ignore[union-attr]
-            out.append(_flag(msg.offline))  # type: ignore[union-attr]
-        elif t is RecordListResponse:
-            w_record_batch(out, msg.records)  # type: ignore[union-attr]
-        elif t is OpenRequest:
-            out.append(msg.cluster_key.bytes)  # type: ignore[union-attr]
-            out.append(I32.pack(msg.num_partitions))  # type: ignore[union-attr]
-        elif t in (LastSessionInfoRequest, MaxTransactionIdRequest):
-            out.append(_flag(msg.offline))  # type: ignore[union-attr]
-        elif t is LastSessionInfoResponse:
-            w_session_info(out, msg.session_info)  # type: ignore[union-attr]
-        elif t is SetLowWaterMarkRequest:
-            out.append(I64.pack(msg.low_water_mark))  # type: ignore[union-attr]
-            out.append(_flag(msg.offline))  # type: ignore[union-attr]
-        elif t is TruncateRequest:
-            out.append(I64.pack(msg.transaction_id))  # type: ignore[union-attr]
-            out.append(_flag(msg.offline))  # type: ignore[union-attr]
-        elif t is FailureResponse:
-            w_str(out, msg.error_type)  # type: ignore[union-attr]
-            w_str(out, msg.message)  # type: ignore[union-attr]
-        elif t in (RecordHeaderRequest, RecordRequest, MaxTransactionIdResponse):
-            out.append(I64.pack(msg.transaction_id))  # type: ignore[union-attr]
-        elif t is RecordHeaderResponse:
-            h = msg.record_header  # type: ignore[union-attr]
-            out.append(_flag(h is not None))
-            if h is not None:
-                w_record_header(out, h)
-        elif t is RecordResponse:
-            rec = msg.record  # type: ignore[union-attr]
-            out.append(_flag(rec is not None))
-            if rec is not None:
-                w_records(out, (rec,))
-        elif t in (RecordHeaderListRequest, RecordListRequest):
-            out.append(struct.pack(">qi", msg.transaction_id, msg.max_records))  # type: ignore[union-attr]
-        elif t is RecordHeaderListResponse:
-            out.append(I32.pack(len(msg.record_headers)))  # type: ignore[union-attr]
-            for h in msg.record_headers:  # type: ignore[union-attr]
-                w_record_header(out, h)
-        elif t is not SuccessResponse:
-            raise ProtocolError(f"not a storage message: {t.__name__}")
-        return b"".join(out)
-    except struct.error as exc:
-        raise ProtocolError(f"cannot encode {type(msg).__name__}: {exc}") from None
+# --------------------------------------------------------------------------------- fast paths
+# Record batches: the family head and the batch head in one struct, the records as they are.
+
+#: type, session id, sequence number, partition id; record count, first transaction id, byte length
+_BATCH_HEAD: Final = struct.Struct(">bqqi" + RECORD_BATCH_HEAD.format[1:])
+_FLAGS: Final = (b"\x00", b"\x01")
+#: the fast decoders hand anything unusual to the generic ones, which name the problem
+_generic_append: Final = CODEC.generic_decoder(StorageAppendRequest)
+_generic_record_list: Final = CODEC.generic_decoder(RecordListResponse)
 
 
-def decode(buf: bytes | memoryview) -> StorageMessage:
-    """Decode one storage frame payload; malformed input raises :class:`ProtocolError`."""
-    if len(buf) < _PREFIX.size:
-        raise ProtocolError(f"storage message: {len(buf)} bytes is shorter than the {_PREFIX.size}-byte prefix")
-    kind, session_id, seq_num, partition_id = _PREFIX.unpack_from(buf, 0)
-    cls = _BY_TYPE.get(kind)
-    if cls is None:
-        raise ProtocolError(f"storage message: unknown message type {kind}")
-    r = Reader(buf, _PREFIX.size, cls.__name__)
-    head = (session_id, seq_num, partition_id)
-    msg: StorageMessage
-    if cls is StorageAppendRequest:
-        # Only the batch head is checked here: the storage node validates every record (ids,
-        # lengths, checksums) on the partition thread, where a bad batch fails alone.
-        msg = StorageAppendRequest(*head, r.record_batch("records"), r.bool("offline"))
-    elif cls is RecordListResponse:
-        batch = r.record_batch("records")
-        batch.offsets  # noqa: B018 - walk it now: a malformed list fails here, not in whoever reads it
-        msg = RecordListResponse(*head, batch)
-    elif cls is OpenRequest:
-        msg = OpenRequest(*head, r.uuid("cluster key"), r.i32("number of partitions"))
-    elif cls in (LastSessionInfoRequest, MaxTransactionIdRequest):
-        msg = cls(*head, r.bool("offline"))
-    elif cls is LastSessionInfoResponse:
-        msg = LastSessionInfoResponse(*head, r.session_info())
-    elif cls is SetLowWaterMarkRequest:
-        msg = SetLowWaterMarkRequest(*head, r.i64("low-water mark"), r.bool("offline"))
-    elif cls is TruncateRequest:
-        msg = TruncateRequest(*head, r.i64("transaction id"), r.bool("offline"))
-    elif cls is FailureResponse:
-        msg = FailureResponse(*head, r.str("error type"), r.str("message"))
-    elif cls in (RecordHeaderRequest, RecordRequest, MaxTransactionIdResponse):
-        msg = cls(*head, r.i64("transaction id"))
-    elif cls is RecordHeaderResponse:
-        msg = RecordHeaderResponse(*head, r.record_header() if r.bool("present") else None)
-    elif cls is RecordResponse:
-        if r.bool("present"):
-            recs = r.records("record")
-            if len(recs) != 1:
-                raise ProtocolError(f"RecordResponse: expected 1 record, got {len(recs)}")
-            msg = RecordResponse(*head, recs[0])
-        else:
-            msg = RecordResponse(*head, None)
-    elif cls in (RecordHeaderListRequest, RecordListRequest):
-        msg = cls(*head, r.i64("transaction id"), r.i32("max records"))
-    elif cls is RecordHeaderListResponse:
-        msg = RecordHeaderListResponse(*head, r.record_headers("record headers"))
-    else:
-        msg = SuccessResponse(*head)
-    r.done()
-    return msg
+def _batch_message(m: StorageAppendRequest | RecordListResponse) -> list[bytes | memoryview]:
+    b = m.records
+    return [_BATCH_HEAD.pack(m.TYPE, m.session_id, m.seq_num, m.partition_id, len(b), b.first_transaction_id,
+                             b.nbytes), b.data]
+
+
+@CODEC.encoder(StorageAppendRequest)
+def _enc_append(m: StorageAppendRequest) -> bytes:
+    out = _batch_message(m)
+    out.append(_FLAGS[1 if m.offline else 0])
+    return b"".join(out)
+
+
+@CODEC.encoder(RecordListResponse)
+def _enc_record_list(m: RecordListResponse) -> bytes:
+    return b"".join(_batch_message(m))
+
+
+def _unpack_batch(buf: Buf, tail: int) -> tuple[int, int, int, RecordBatch] | None:
+    """Head fields and the batch (a view of ``buf``) when the batch head is plausible and exactly
+    ``tail`` bytes follow the batch, else None."""
+    end = len(buf)
+    if end < _BATCH_HEAD.size:
+        return None
+    _, session_id, seq_num, partition_id, count, first, nbytes = _BATCH_HEAD.unpack_from(buf, 0)
+    start = _BATCH_HEAD.size
+    if (count < 0 or nbytes < 0 or count * STORED_RECORD_OVERHEAD > nbytes or (count == 0 and nbytes)
+            or start + nbytes + tail != end):
+        return None
+    return session_id, seq_num, partition_id, RecordBatch(memoryview(buf)[start : start + nbytes], count, first)
+
+
+@CODEC.decoder(StorageAppendRequest)
+def _dec_append(buf: Buf) -> StorageAppendRequest:
+    # Only the batch head is checked here: the storage node validates every record (ids,
+    # lengths, checksums) on the partition thread, where a bad batch fails alone.
+    fields = _unpack_batch(buf, 1)
+    offline = buf[-1]
+    if fields is None or offline > 1:
+        return _generic_append(buf)
+    return StorageAppendRequest(*fields, offline == 1)
+
+
+@CODEC.decoder(RecordListResponse)
+def _dec_record_list(buf: Buf) -> RecordListResponse:
+    fields = _unpack_batch(buf, 0)
+    if fields is None:
+        return _generic_record_list(buf)
+    fields[3].offsets  # noqa: B018 - walk it now: a malformed list fails here, not in whoever reads it
+    return RecordListResponse(*fields)

@@ -288,6 +288,10 @@ class Reader:
         self.pos = pos + n
         return pos
 
+    def take(self, n: int, field: str) -> int:
+        """Skip ``n`` bytes (ProtocolError if fewer are left); return where they start."""
+        return self._need(n, field)
+
     def unpack(self, st: struct.Struct, field: str) -> tuple[Any, ...]:
         return st.unpack_from(self.buf, self._need(st.size, field))
 
