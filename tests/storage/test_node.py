@@ -126,7 +126,7 @@ async def test_undecodable_bytes_close_only_that_connection(harness: NodeHarness
     await conn.send(b"\x63" + b"garbage" * 5)
     resp = await ch.recv()
     assert isinstance(resp, sm.FailureResponse) and resp.seq_num == -1
-    assert resp.error_type == "ProtocolError" and "unknown message type" in resp.message
+    assert resp.error_code == ProtocolError.code and "unknown message type" in resp.message
     with pytest.raises(ConnectionClosedError):
         await asyncio.wait_for(ch.recv(), 2)
     assert await other.max_transaction_id(1, 0) == -1
@@ -254,5 +254,5 @@ async def test_responses_are_not_protocol_requests(harness: NodeHarness) -> None
     await ch.send(sm.SuccessResponse(1, 4, 0))
     resp = await ch.recv()
     assert isinstance(resp, sm.FailureResponse) and resp.seq_num == 4
-    assert resp.error_type == ProtocolError.__name__
+    assert resp.error_code == ProtocolError.code
     await ch.close()

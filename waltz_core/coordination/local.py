@@ -43,6 +43,7 @@ import attrs
 
 from ..config import CoordinationConfig
 from ..errors import CasConflictError, CoordinationError, NodeExistsError, NoNodeError, SessionLostError
+from ..retry import RetryPolicy
 from .base import SessionState, Versioned
 
 log = logging.getLogger("waltz.coordination.local")
@@ -369,17 +370,11 @@ class LocalCoordination:
     def _journal_mode_wal(self, con: sqlite3.Connection) -> str:
         """Switch the store to WAL. Several processes opening a new store at once race for the
         exclusive lock this needs, and SQLite answers that race with SQLITE_BUSY without calling
-        its busy handler, so the wait that ``busy_timeout`` promises is done here."""
-        deadline = time.monotonic() + self._options.busy_timeout
-        delay = 0.005
-        while True:
-            try:
-                return str(con.execute("PRAGMA journal_mode=WAL").fetchone()[0])
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+        its busy handler, so the wait that ``busy_timeout`` promises is done here (5 ms doubling to
+        100 ms, jittered: the racing processes started together)."""
+        policy = RetryPolicy(initial=0.005, maximum=0.1, deadline=self._options.busy_timeout)
+        return policy.call_sync(lambda: str(con.execute("PRAGMA journal_mode=WAL").fetchone()[0]),
+                                retry_if=lambda exc: isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc))
 
     def _db(self) -> sqlite3.Connection:
         if self._con is None:

@@ -32,6 +32,7 @@ from ..errors import (
     NodeExistsError,
     NoNodeError,
 )
+from ..retry import RetryPolicy
 from .assignment import compute_assignment
 from .base import CoordinationBackend, SessionState, WatchHandle
 from .metadata import (
@@ -61,7 +62,13 @@ T = TypeVar("T")
 ABSENT_VERSION = -1
 #: How long an admin edit waits for another process's admin lock.
 ADMIN_LOCK_TIMEOUT = 30.0
-_RETRY_DELAY = 0.05
+#: Polling another process's admin lock: every 50 ms, jittered so that two waiting admins alternate.
+_ADMIN_LOCK_POLL = RetryPolicy(initial=0.05, maximum=0.05)
+#: The cluster manager after a coordination failure: 50 ms doubling to 2 s, from 50 ms again after a success.
+_MANAGER_BACKOFF = RetryPolicy(initial=0.05, maximum=2.0)
+#: A client's assignment watcher after a failed read: 200 ms (jittered: clients that lost the
+#: coordination service together do not come back in lock step).
+_WATCHER_BACKOFF = RetryPolicy(initial=0.2, maximum=0.2)
 
 
 @attrs.frozen(slots=True)
@@ -340,16 +347,15 @@ class StoreMetadata:
     async def admin_lock(self, timeout: float = ADMIN_LOCK_TIMEOUT) -> AsyncIterator[None]:
         """Hold ``<root>/store/adminLock`` (an ephemeral key: a crashed holder releases it with its session)."""
         await self.get_store_params()
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                await self.backend.create(self.paths.admin_lock, b"", ephemeral=True)
-                break
-            except NodeExistsError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise CoordinationError(f"{self.paths.admin_lock} is held by another process "
-                                            f"for more than {timeout}s") from None
-                await asyncio.sleep(_RETRY_DELAY)
+        try:
+            # NodeExistsError is final by its flag (create-if-absent found a value); here it means
+            # "held", which is worth waiting for. Other failures propagate at once, as before.
+            await attrs.evolve(_ADMIN_LOCK_POLL, deadline=timeout).call(
+                lambda: self.backend.create(self.paths.admin_lock, b"", ephemeral=True),
+                retry_if=lambda exc: isinstance(exc, NodeExistsError))
+        except NodeExistsError:
+            raise CoordinationError(f"{self.paths.admin_lock} is held by another process "
+                                    f"for more than {timeout}s") from None
         try:
             yield
         finally:
@@ -614,7 +620,7 @@ class ClusterManager:
         self._dirty.set()
 
     async def _run(self) -> None:
-        delay = _RETRY_DELAY
+        delays = _MANAGER_BACKOFF.delays()
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -628,11 +634,13 @@ class ClusterManager:
                         continue  # the CONNECTED event sets _dirty again
                     await self._register()
                 await self._reconcile()
-                delay = _RETRY_DELAY
+                delays = _MANAGER_BACKOFF.delays()  # a success starts the backoff over
             except CoordinationError as exc:
+                # Every coordination failure, retriable flag or not (a NoNodeError while a key is
+                # being recreated, say): the manager must keep reconciling for as long as it runs.
+                delay = next(delays)
                 log.warning("cluster manager of %s: %s; retrying in %.2fs", self.descriptor.endpoint, exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
                 self._dirty.set()
 
     async def _reconcile(self) -> None:
@@ -709,14 +717,16 @@ class AssignmentWatcher:
             self._task = None
 
     async def _run(self) -> None:
+        delays = _WATCHER_BACKOFF.delays()
         while True:
             await self._dirty.wait()
             self._dirty.clear()
             try:
                 await self._refresh()
-            except CoordinationError as exc:
+                delays = _WATCHER_BACKOFF.delays()
+            except CoordinationError as exc:  # any of them: the watcher lives as long as the client
                 log.warning("assignment watcher: %s; retrying", exc)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(next(delays))
                 self._dirty.set()
 
     async def _refresh(self) -> None:

@@ -21,6 +21,7 @@ import attrs
 from ..coordination.metadata import PartitionMetadata, ReplicaState
 from ..coordination.recipes import StoreMetadata
 from ..errors import CasConflictError, GenerationMismatchError, WaltzError
+from ..retry import RetryPolicy
 from ..storage.client import DEFAULT_REQUEST_TIMEOUT, StorageClient
 from ..transport.base import Transport
 
@@ -83,9 +84,9 @@ class StorageConnector:
     for the connect attempt, which is one per node, shared by every caller (a caller that is
     cancelled does not cancel it). A connection that fails - refused, reset, heartbeat silence, a
     request past its deadline - marks the node down at once, and a background loop tries it again
-    (backoff up to ``retry_interval``) until it answers. So when a host vanishes, every partition
-    learns it from the same failure, none waits for a connect of its own, and recovery proceeds
-    with the replicas that answer (see :mod:`.recovery`).
+    (jittered backoff from 0.1 s up to ``retry_interval``) until it answers. So when a host
+    vanishes, every partition learns it from the same failure, none waits for a connect of its
+    own, and recovery proceeds with the replicas that answer (see :mod:`.recovery`).
     """
 
     def __init__(self, transport: Transport, cluster_key: uuid.UUID, num_partitions: int, role: str,
@@ -98,6 +99,8 @@ class StorageConnector:
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.retry_interval = retry_interval
+        # jittered: the servers that lost a storage node together do not probe it in lock step
+        self._reconnect_policy = RetryPolicy(initial=min(0.1, retry_interval), maximum=retry_interval)
         self._nodes: dict[str, _Node] = {}
         self._closed = False
 
@@ -149,10 +152,12 @@ class StorageConnector:
                                                                     name=f"reconnect-{node.endpoint}")
 
     async def _reconnect(self, node: _Node) -> None:
-        delay = min(0.1, self.retry_interval)
-        while not self._closed:
+        # Any failed attempt is retried, whatever its error: _attempt already marked the node down
+        # and keeps its reason; the loop only ends when the node answers or the connector closes.
+        for delay in self._reconnect_policy.delays():
+            if self._closed:
+                return
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.retry_interval)
             if node.attempt is None:
                 node.attempt = asyncio.get_running_loop().create_task(self._attempt(node))
             if await asyncio.shield(node.attempt) is not None:

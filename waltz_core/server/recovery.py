@@ -30,6 +30,7 @@ import attrs
 from ..coordination.metadata import UNRESOLVED, ReplicaState
 from ..errors import WaltzError
 from ..protocol.wire import RecordBatch
+from ..retry import RetryPolicy
 from .replica import ReplicaApi
 from .vote import VoteResult, evaluate, quorum_of
 
@@ -87,8 +88,9 @@ class Recovery:
         self.assigned = list(assigned)
         self.states = dict(states)
         self._connect = connect
-        self._retry = retry_interval
-        self._max_retry = max_retry_interval
+        #: between rounds that changed nothing (no vote, no catch-up): jittered so that the
+        #: partitions of a server that lost a replica do not re-poll the survivors in lock step
+        self._backoff = RetryPolicy(initial=retry_interval, maximum=max_retry_interval)
         self.quorum = quorum_of(len(assigned))
         self.last_vote: VoteResult | None = None
 
@@ -100,7 +102,7 @@ class Recovery:
             await self._stop_preparing(replicas)
 
     async def _run(self, replicas: dict[str, _Replica]) -> RecoveryResult:
-        delay = self._retry
+        delays = self._backoff.delays()  # endless: recovery runs until decided (or cancelled)
         while True:
             await self._prepare_reachable(replicas)
             result = self._evaluate(replicas)
@@ -109,8 +111,7 @@ class Recovery:
                 if await self._catch_up_towards_decision(replicas):
                     continue  # something changed: re-evaluate at once
                 log.info("partition %d session %d: %s", self.partition_id, self.session_id, result.reason)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._max_retry)
+                await asyncio.sleep(next(delays))
                 continue
             assert result.high_water_mark is not None
             # Replicas that never answered count as offline, which the decision allowed for; one

@@ -2,7 +2,7 @@
 
 Both are pipelined: any number of requests may be outstanding on one connection; responses are
 matched to requests by sequence number. Refusals come back as the :mod:`waltz_core.errors`
-class the node raised (``FailureResponse.error_type``, via
+class the node raised (``FailureResponse.error_code``, translated once here by
 :func:`~waltz_core.errors.error_from_wire`). If the connection fails, every outstanding and
 later call raises :class:`~waltz_core.errors.ConnectionClosedError` (or the error the node
 sent before closing). All methods run on the event loop that called ``connect``.
@@ -102,7 +102,7 @@ class _Pipeline:
             raise
         response = await fut
         if isinstance(response, self._failure_types):
-            raise error_from_wire(response.error_type, response.message)
+            raise error_from_wire(response.error_code, response.message)
         return response
 
     def _check_deadlines(self) -> None:
@@ -135,7 +135,7 @@ class _Pipeline:
                 msg = await self.channel.recv()
                 if msg.seq_num == -1 and isinstance(msg, self._failure_types):
                     # The node rejected our bytes and closes the connection: every call fails with its reason.
-                    self._fail(error_from_wire(msg.error_type, msg.message))
+                    self._fail(error_from_wire(msg.error_code, msg.message))
                     return
                 fut = self._pending.pop(msg.seq_num, None)
                 if fut is not None and not fut.done():

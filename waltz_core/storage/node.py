@@ -14,8 +14,9 @@ remembers the highest store session id it has seen; a request with a lower one f
 requests need the partition assigned and available; offline-recovery requests (``offline``
 flag) need it assigned and *unavailable* and must carry the stored session id.
 
-Every refused request gets a ``FailureResponse(error_type=<errors class name>, message)`` and
-the connection keeps being served; bytes that do not decode get a failure with sequence
+Every refused request gets a ``FailureResponse(error_code=wire_code(exc), message)`` (the
+numeric code of its :mod:`waltz_core.errors` class; anything outside that tree travels as
+:class:`~waltz_core.errors.StorageError`) and the connection keeps being served; bytes that do not decode get a failure with sequence
 number -1 and that connection (only) is closed.
 """
 
@@ -45,6 +46,7 @@ from ..errors import (
     StorageError,
     TransportError,
     WaltzError,
+    wire_code,
 )
 from ..metrics import MetricsRegistry
 from ..protocol import ADMIN, STORAGE
@@ -100,7 +102,7 @@ class _AppendGroup:
 
 
 def failure_for(req: Any, exc: BaseException) -> sm.FailureResponse:
-    return sm.FailureResponse(req.session_id, req.seq_num, req.partition_id, type(exc).__name__, str(exc))
+    return sm.FailureResponse(req.session_id, req.seq_num, req.partition_id, wire_code(exc), str(exc))
 
 
 class PartitionWorker:
@@ -535,7 +537,7 @@ class StorageNode:
                     break
                 except ProtocolError as exc:
                     log.warning("closing data connection from %s: %s", conn.peer, exc)
-                    outgoing.put_nowait(sm.FailureResponse(-1, -1, -1, type(exc).__name__, str(exc)))
+                    outgoing.put_nowait(sm.FailureResponse(-1, -1, -1, wire_code(exc), str(exc)))
                     break
                 except TransportError as exc:
                     log.info("data connection from %s failed: %s", conn.peer, exc)
@@ -582,7 +584,7 @@ class StorageNode:
                     break
                 except ProtocolError as exc:
                     log.warning("closing admin connection from %s: %s", conn.peer, exc)
-                    await channel.send(am.AdminFailureResponse(-1, type(exc).__name__, str(exc)))
+                    await channel.send(am.AdminFailureResponse(-1, wire_code(exc), str(exc)))
                     break
                 except TransportError:
                     break
@@ -596,10 +598,10 @@ class StorageNode:
                     else:
                         response = await self._admin(msg)
                 except WaltzError as exc:
-                    response = am.AdminFailureResponse(msg.seq_num, type(exc).__name__, str(exc))
+                    response = am.AdminFailureResponse(msg.seq_num, wire_code(exc), str(exc))
                 except Exception as exc:
                     log.exception("admin request %s failed", type(msg).__name__)
-                    response = am.AdminFailureResponse(msg.seq_num, "StorageError", f"internal error: {exc!r}")
+                    response = am.AdminFailureResponse(msg.seq_num, wire_code(exc), f"internal error: {exc!r}")
                 try:
                     await channel.send(response)
                 except TransportError:

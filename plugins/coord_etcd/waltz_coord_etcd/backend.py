@@ -50,6 +50,7 @@ from waltz_core.errors import (
     NoNodeError,
     SessionLostError,
 )
+from waltz_core.retry import RetryPolicy
 
 from .options import EtcdOptions
 
@@ -58,6 +59,9 @@ log = logging.getLogger("waltz.coordination.etcd")
 #: Failures after which the same request may be sent again (possibly to another endpoint).
 _TRANSIENT = (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError, etcd_exc.InternalServerError,
               etcd_exc.NoServerAvailableError, etcd_exc.WatchTimedOut)
+#: Re-granting a lost lease, re-arming a watch that failed: every 200 ms, jittered so that the
+#: processes that lost the cluster together do not come back in lock step.
+_REARM_RETRY = RetryPolicy(initial=0.2, maximum=0.2)
 _SEQ_PREFIX = "seq:"
 
 
@@ -189,6 +193,8 @@ class EtcdBackend:
         self.session_timeout = session_timeout
         self.options = options or EtcdOptions()
         self.ttl = max(2, math.ceil(session_timeout))
+        #: a transient RPC failure: retried every 100 ms (jittered) for up to session_timeout
+        self._rpc_retry = RetryPolicy(initial=0.1, maximum=0.1, deadline=session_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._client: pyetcd.MultiEndpointEtcd3Client | None = None
@@ -320,7 +326,9 @@ class EtcdBackend:
         ``attempts`` (if given) receives one entry per failed attempt, so a write can tell that
         an earlier attempt may have been applied although its reply was lost.
         """
-        deadline = time.monotonic() + self.session_timeout
+        # _TRANSIENT are pyetcd's own exceptions: the retry decision stays with that list (the
+        # Waltz flags only exist once they are translated, below)
+        delays = self._rpc_retry.delays() if retry else iter(())
         while True:
             client = self.client
 
@@ -335,9 +343,10 @@ class EtcdBackend:
             except _TRANSIENT as exc:
                 if attempts is not None:
                     attempts.append(1)
-                if not retry or time.monotonic() >= deadline or self._closed:
+                delay = None if self._closed else next(delays, None)
+                if delay is None:  # not retried, past session_timeout, or closing
                     raise CoordinationError(f"{what}: etcd unreachable at {self.connect} ({exc})") from exc
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(delay)
             except grpc.RpcError as exc:
                 details = exc.details() or ""
                 if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in details:
@@ -385,13 +394,15 @@ class EtcdBackend:
                     self._set_state(SessionState.CONNECTED)
                     continue
             self._set_state(SessionState.LOST)
-            while not self._closed:
+            for delay in _REARM_RETRY.delays():
+                if self._closed:
+                    break
                 try:
                     await self._grant_lease()
                     break
-                except CoordinationError as exc:
+                except CoordinationError as exc:  # any: without a lease the backend is useless
                     log.debug("etcd: new lease not granted yet: %s", exc)
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(delay)
             last_ok = time.monotonic()
             self._set_state(SessionState.CONNECTED)
 
@@ -551,6 +562,7 @@ class EtcdBackend:
         handle.arming = True
         try:
             prefix_end = _prefix_end(_b(handle.key.rstrip("/") + "/"))
+            delays = _REARM_RETRY.delays()
             while not handle.cancelled and not self._closed:
                 start = handle.revision + 1 if handle.revision > 0 else None
                 client = self.client
@@ -572,7 +584,7 @@ class EtcdBackend:
                     log.debug("etcd: arming watch on %s failed: %r", handle.key, exc)
                     self._fail_endpoint(client)
                     fire_after = True
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(next(delays))
                     continue
                 if handle.cancelled or self._closed:
                     self._cancel_server_watch(watch_id)

@@ -31,6 +31,7 @@ from waltz_core.errors import (
     ProtocolError,
     TransportError,
 )
+from waltz_core.retry import RetryPolicy
 
 from . import wire
 from .options import ZmqOptions
@@ -46,8 +47,9 @@ log = logging.getLogger("waltz.transport.zmq")
 
 #: Frames packed into one DATA message by send_many (bounded so one message stays modest).
 _BATCH_FRAMES = 512
-_RETRY_FIRST = 0.0005
-_RETRY_MAX = 0.02
+#: A send refused at the high-water mark: retried after 0.5 ms doubling to 20 ms (jittered: the
+#: peers that share a full ROUTER do not all retry on the same tick).
+_HWM_BACKOFF = RetryPolicy(initial=0.0005, maximum=0.02)
 
 EndError = TransportError | ProtocolError
 
@@ -98,11 +100,13 @@ class PeerSender:
 
     async def send(self, parts: list[Any]) -> None:
         """Send, waiting (with back-off) while ZeroMQ is at its high-water mark for this peer."""
-        delay = _RETRY_FIRST
-        while not self.try_send(parts):
+        if self.try_send(parts):
+            return  # the common case: no backoff state is made
+        for delay in _HWM_BACKOFF.delays():  # endless: the peer going away raises PeerGoneError
             self.stats.hwm_retries += 1
             await asyncio.sleep(delay)
-            delay = min(delay * 2, _RETRY_MAX)
+            if self.try_send(parts):
+                return
 
 
 class ZmqConnection:
