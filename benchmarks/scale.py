@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from waltz_core.app.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.app.up import wait_served
 from waltz_core.client import AsyncWaltzClient, TransactionBuilder, TransactionContext
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.recipes import read_assignment
-from waltz_core.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.perf.driver import ProduceOptions, produce, start_client
 
 MIB = 1024 * 1024
@@ -73,7 +73,7 @@ class _Tick(TransactionContext):
 async def recovery_after_kill(spec: ClusterSpec, cluster: ProcessCluster, partitions: int) -> dict[str, Any]:
     """Kill -9 the server owning partition 0 under a commit loop on every partition."""
     assert spec.coordination is not None
-    backend = open_coordination(spec.coordination)
+    backend = open_coordination(spec.coordination, spec.runtime.registries)
     await backend.start()
     try:
         assignment, _ = await read_assignment(backend, spec.coordination.root)

@@ -23,6 +23,7 @@ import time
 
 from waltz_core.config import TransportConfig
 from waltz_core.errors import TransportError
+from waltz_core.runtime import Runtime
 from waltz_core.transport import Connection, open_transport
 
 
@@ -36,7 +37,7 @@ async def _echo(conn: Connection) -> None:
 
 async def one_way(name: str, frames: int, size: int, batch: int) -> tuple[float, float]:
     """Return (frames/s, MB/s) for ``frames`` frames of ``size`` bytes sent in ``send_many`` batches."""
-    transport = open_transport(TransportConfig(name=name))
+    transport = open_transport(TransportConfig(name=name), Runtime.load().registries)
     done = asyncio.get_running_loop().create_future()
 
     async def sink(conn: Connection) -> None:
@@ -70,7 +71,7 @@ async def one_way(name: str, frames: int, size: int, batch: int) -> tuple[float,
 
 async def ping_pong(name: str, pings: int) -> list[float]:
     """Round-trip latencies in microseconds, sorted."""
-    transport = open_transport(TransportConfig(name=name))
+    transport = open_transport(TransportConfig(name=name), Runtime.load().registries)
     listener = await transport.listen("127.0.0.1", 0, _echo)
     conn = await transport.connect(listener.address)
     frame = b"p" * 64

@@ -17,12 +17,12 @@ import time
 
 from waltz_core.config import TransportConfig, backend_options
 from waltz_core.errors import ConnectionClosedError
-from waltz_core.plugins import get_plugin_manager, load_registries
+from waltz_core.runtime import Runtime
 from waltz_core.transport.base import Connection, Transport
 
 
 def _build(name: str) -> Transport:
-    info = load_registries(get_plugin_manager()).resolve("transport", name)
+    info = Runtime.load().registries.resolve("transport", name)
     config = TransportConfig(name=name)
     return info.factory(config, backend_options(info.config_cls, config, "transport"))
 

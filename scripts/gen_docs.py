@@ -13,6 +13,8 @@ from pathlib import Path
 from waltz_core import hookspecs
 from waltz_core.cli.commands import render_schema
 from waltz_core.config import PROCESS_CONFIGS
+from waltz_core.plugins import PLUGIN_ENVIRONMENT
+from waltz_core.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,8 +23,10 @@ def configuration() -> str:
     head = ("# Configuration reference\n\n"
             "Generated from the code by `scripts/gen_docs.py` (`waltz config schema --markdown` prints the same).\n"
             "Every process reads one TOML file (`--config`); `WALTZ_<SECTION>_<KEY>` environment variables override it,\n"
-            "for example `WALTZ_SERVER_PORT=55180`. Backend options live in `[transport.<name>]` and\n"
-            "`[coordination.<name>]` tables; `WALTZ_<SECTION>_<BACKEND>__<KEY>` overrides one of them, for example\n"
+            "for example `WALTZ_SERVER_PORT=55180`. Four keys name a backend: `transport.name`, `coordination.name`,\n"
+            "`storage.layout` and `server.lock_table`. A backend's options live in its own table of that section,\n"
+            "`[<section>.<backend>]` (`[transport.tcp]`, `[coordination.zookeeper]`, `[storage.<layout>]`,\n"
+            "`[server.<lock table>]`); `WALTZ_<SECTION>_<BACKEND>__<KEY>` overrides one of its keys, for example\n"
             "`WALTZ_COORDINATION_ZOOKEEPER__AUTH_SCHEME=digest`. Command-line flags (`--port`) override both.\n\n"
             "`waltz config check FILE` loads a file as its process would (keys, values, backend names, option tables,\n"
             "the environment) and says `FILE: a valid server configuration` or names the first problem; `waltz config\n"
@@ -31,7 +35,14 @@ def configuration() -> str:
             "`environment variable WALTZ_SERVER_PORT: server.port: must be a port number from 0 to 65535 (0: any free\n"
             "port), got 70000`; an option table that names no registered backend (`[coordination.zookeepr]`) is refused\n"
             "with a suggestion, never ignored.\n\n")
-    return head + render_schema(list(PROCESS_CONFIGS), markdown=True).rstrip() + "\n"
+    plugins = ["## Plugin loading (environment)", "",
+               "Read by every process when it builds its runtime, before any configuration file (plugins register the\n"
+               "backends a file names). See docs/plugin-authors.md.", "",
+               "| variable | description |", "|---|---|"]
+    plugins += [f"| `{name}` | {doc} |" for name, doc in PLUGIN_ENVIRONMENT.items()]
+    # The backend tables come from the plugins installed where this runs (the repository's venv).
+    schema = render_schema(list(PROCESS_CONFIGS), markdown=True, registries=Runtime.load().registries)
+    return head + schema.rstrip() + "\n\n" + "\n".join(plugins) + "\n"
 
 
 def hooks() -> str:

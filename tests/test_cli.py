@@ -15,7 +15,8 @@ import pytest
 import waltz_core.cli.main as cli_main
 from waltz_core.errors import ConfigError
 from waltz_core.hookspecs import hookimpl
-from waltz_core.plugins import core_version, get_plugin_manager
+from waltz_core.plugins import core_version
+from waltz_core.runtime import Runtime
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -48,10 +49,12 @@ class BoomCommands:
 
 @pytest.fixture
 def with_boom(monkeypatch: pytest.MonkeyPatch) -> None:
-    def pm_with_boom(**kw: Any) -> Any:
-        return get_plugin_manager(autoload=False, extra=[BoomCommands()])
+    build_cli = cli_main.build_cli
 
-    monkeypatch.setattr(cli_main, "get_plugin_manager", pm_with_boom)
+    def cli_with_boom(runtime: Any = None) -> click.Group:
+        return build_cli(Runtime.load(autoload=False, extra=[BoomCommands()]))
+
+    monkeypatch.setattr(cli_main, "build_cli", cli_with_boom)
     monkeypatch.delenv("WALTZ_DEBUG", raising=False)
 
 

@@ -117,8 +117,13 @@ def test_backend_option_tables_have_environment_overrides(tmp_path: Path) -> Non
                    "environment variable WALTZ_COORDINATION_LOCAL__POLL_INTERVAL: coordination.local.poll_interval: "
                    "expected a number, got 'soon'")
     one_line_error(waltz("config", "check", str(config), "--process", "server",
+                         env={"WALTZ_HTTP_TCP__NODELAY": "1"}),
+                   "environment variable WALTZ_HTTP_TCP__NODELAY: http has no backend option tables")
+    # [server] names the lock table: its tables are the lock tables' (every backend section has them)
+    one_line_error(waltz("config", "check", str(config), "--process", "server",
                          env={"WALTZ_SERVER_TCP__NODELAY": "1"}),
-                   "environment variable WALTZ_SERVER_TCP__NODELAY: server has no backend option tables")
+                   "environment variable WALTZ_SERVER_TCP__NODELAY: server.tcp: [server.tcp] is not an options "
+                   "table of any lock table backend")
     # A variable of another process's section is not this process's business (one env for all).
     assert waltz("config", "check", str(config), env={"WALTZ_SERVER_TCP__NODELAY": "1"}).returncode == 0
 

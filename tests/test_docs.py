@@ -31,6 +31,11 @@ def test_every_hook_and_config_key_is_documented() -> None:
             assert f"`{entry.key}`" in config_page, entry.key
             assert entry.doc, f"{entry.key} has no documentation"
     assert attrs.has(PROCESS_CONFIGS["server"])
+    from waltz_core.plugins import PLUGIN_ENVIRONMENT
+
+    plugin_guide = (ROOT / "docs" / "plugin-authors.md").read_text()
+    for variable in PLUGIN_ENVIRONMENT:  # the plugin manager's switches: reference and guide
+        assert f"| `{variable}` |" in config_page and f"`{variable}" in plugin_guide, variable
 
 
 def test_readme_has_exactly_the_two_setup_commands_and_ci_calls_the_test_one() -> None:

@@ -31,7 +31,7 @@ VERSION = (Path(__file__).resolve().parent.parent / "VERSION").read_text().strip
 @pytest.fixture(autouse=True)
 def clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # the developer's shell must not change what these tests see
-    for var in ("WALTZ_DISABLED_PLUGINS", "WALTZ_DISABLE_PLUGIN_AUTOLOAD", "WALTZ_TRACE_PLUGINS"):
+    for var in ("WALTZ_DISABLED_PLUGINS", "WALTZ_DISABLE_PLUGIN_AUTOLOAD", "WALTZ_TRACE_PLUGINS", "WALTZ_PLUGINS"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -135,6 +135,45 @@ def test_duplicate_registration_is_a_clear_plugin_error() -> None:
                                           r"\(waltz-core .*\) and by '\d+' \(unknown \(registered directly\)\); "
                                           r"block one with WALTZ_DISABLED_PLUGINS"):
         load_registries(pm)
+
+
+def test_duplicates_blame_the_later_plugin_whatever_pluggy_s_call_order() -> None:
+    # pluggy calls LIFO: a plugin registered later runs first; the loader calls in registration order.
+    class First:
+        @hookimpl(tryfirst=True)  # pluggy's order puts it last; registration order does not
+        def waltz_register_lock_tables(self, registry: Any) -> None:
+            registry.add("twin", object)
+
+    class Second:
+        @hookimpl
+        def waltz_register_lock_tables(self, registry: Any) -> None:
+            registry.add("twin", object)
+
+    first, second = First(), Second()
+    pm = get_plugin_manager(autoload=False, extra=[first, second])
+    with pytest.raises(PluginError, match=rf"lock_table 'twin' is registered twice: by '{pm.get_name(first)}' .* "
+                                          rf"and by '{pm.get_name(second)}'"):
+        load_registries(pm)
+
+
+def test_registration_hooks_go_through_pluggy_tracing_and_wrappers(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[list[str]] = []
+
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def waltz_register_transports(self, registry: Any) -> Any:
+            before = registry.names()
+            result = yield
+            seen.append(sorted(set(registry.names()) - set(before)))  # what the wrapped call added
+            return result
+
+    monkeypatch.setenv("WALTZ_TRACE_PLUGINS", "1")
+    with caplog.at_level(logging.INFO, logger="waltz.plugins"):
+        regs = load_registries(get_plugin_manager(autoload=False, extra=[Wrapper()]))
+    assert ["memory"] in seen  # the built-in's call was wrapped (one call per implementing plugin)
+    assert regs.resolve("transport", "memory").plugin == "waltz_core.transport.plugin"
+    assert any("waltz_register_transports" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("bad_name", ["", "has space", "semi;colon"])

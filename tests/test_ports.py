@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from waltz_core.app.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.errors import WaltzError
-from waltz_core.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.ports import LOWEST, _ephemeral_low, free_ports
 
 

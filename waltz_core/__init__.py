@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .hookspecs import NAME, hookimpl, hookspec
 from .plugins import core_version, get_plugin_manager, load_registries
+from .runtime import Runtime
 
 if TYPE_CHECKING:  # their real types for type checkers and IDEs; at run time __getattr__ imports them
     from .client import (
@@ -26,9 +27,9 @@ if TYPE_CHECKING:  # their real types for type checkers and IDEs; at run time __
 __version__ = core_version()
 
 __all__ = [
-    "NAME", "AsyncWaltzClient", "PartitionLocalLock", "Transaction", "TransactionBuilder", "TransactionContext",
-    "WaltzClient", "WaltzClientCallbacks", "__version__", "get_plugin_manager", "hookimpl", "hookspec",
-    "load_registries",
+    "NAME", "AsyncWaltzClient", "PartitionLocalLock", "Runtime", "Transaction", "TransactionBuilder",
+    "TransactionContext", "WaltzClient", "WaltzClientCallbacks", "__version__", "get_plugin_manager", "hookimpl",
+    "hookspec", "load_registries",
 ]
 
 _CLIENT_NAMES = frozenset({"AsyncWaltzClient", "PartitionLocalLock", "Transaction", "TransactionBuilder",

@@ -23,9 +23,18 @@ Environment variables override files: ``WALTZ_<SECTION>_<KEY>``, for example
 ``WALTZ_<SECTION>_<BACKEND>__<KEY>`` a backend's option table, for example
 ``WALTZ_COORDINATION_ZOOKEEPER__AUTH_SCHEME=digest``; command-line flags override both. Every
 key is validated where it is declared (ports, positive sizes and timeouts), and
-:func:`check_backends` checks backend names and option tables against the registered plugins,
-so every problem is one :class:`~waltz_core.errors.ConfigError` line naming where the value came
-from and the key. Defaults follow the original Java Waltz where its inventory gives them.
+:func:`check_backends` checks backend names and option tables against the registered plugins
+of the process's runtime, so every problem is one :class:`~waltz_core.errors.ConfigError` line
+naming where the value came from and the key. Defaults follow the original Java Waltz where its
+inventory gives them.
+
+Backends and their options. Four sections name a backend (:data:`BACKEND_SECTIONS`):
+``[transport] name``, ``[coordination] name``, ``[storage] layout`` and ``[server] lock_table``.
+A backend's own options are the table ``[<section>.<name>]`` of that section
+(``[transport.tcp]``, ``[storage.segmented]``, ``[server.hashed]``), validated by the backend's
+options class; :func:`backend_options` is the one function that reads them, and the backend's
+factory receives the section and the options (``factory(config, options)``, see
+:mod:`waltz_core.registry`).
 """
 
 from __future__ import annotations
@@ -36,11 +45,15 @@ import tomllib
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .plugins import Registries
+    from .registry import Registry
 
 C = TypeVar("C")
 
@@ -149,6 +162,8 @@ class StorageNodeConfig:
     max_batch_records: int = key(100, "Largest append batch written with one fdatasync.", validator=AT_LEAST_ONE)
     queue_size: int = key(100, "Requests queued per partition before the node stops reading from a connection.",
                           validator=AT_LEAST_ONE)
+    options: Mapping[str, Mapping[str, Any]] = key(
+        {}, "Per-layout option tables, written as [storage.<layout>] (validated by that layout's options class).")
 
     def __attrs_post_init__(self) -> None:
         if self.port and self.port == self.admin_port:
@@ -206,6 +221,9 @@ class ServerConfig:
     preferred_partitions: list[int] = key([], "Partitions this server asks the cluster manager for first.",
                                           validator=requirement(lambda ids: all(i >= 0 for i in ids),
                                                                 "must be partition ids (0 or more)"))
+    options: Mapping[str, Mapping[str, Any]] = key(
+        {}, "Per-strategy option tables of lock tables, written as [server.<lock_table>] (validated by that "
+            "strategy's options class).")
 
     def __attrs_post_init__(self) -> None:
         if self.max_retry_interval < self.initial_retry_interval:
@@ -381,9 +399,9 @@ def _suggest(name: str, candidates: Iterable[str]) -> str:
 def build(cls: type[C], data: Mapping[str, Any], where: str = "") -> C:
     """Build config class ``cls`` from a mapping, validating every key.
 
-    Sections with an ``options`` field (transport, coordination) take unknown *sub-tables* as
-    per-backend options: ``[transport.tcp]`` becomes ``options["tcp"]`` (checked against the
-    registered backends by :func:`check_backends`). Errors are :class:`ConfigKeyError`.
+    Sections with an ``options`` field (those of :data:`BACKEND_SECTIONS`) take unknown
+    *sub-tables* as per-backend options: ``[transport.tcp]`` becomes ``options["tcp"]`` (checked
+    against the registered backends by :func:`check_backends`). Errors are :class:`ConfigKeyError`.
     """
     hints = _field_types(cls)
     names = {f.name for f in attrs.fields(cls)}  # type: ignore[arg-type]
@@ -434,7 +452,8 @@ def _env_layer(cls: type, environ: Mapping[str, str]) -> tuple[dict[str, dict[st
         if sep:
             if not _has_options(sub_cls) or not backend or not option:
                 raise ConfigError(f"{where}: {section} has no backend option tables (WALTZ_<SECTION>_<BACKEND>__<KEY> "
-                                  "is for transport and coordination)" if not _has_options(sub_cls)
+                                  f"is for {', '.join(s for s, _ in BACKEND_SECTIONS.values())})"
+                                  if not _has_options(sub_cls)
                                   else f"{where}: expected WALTZ_{section.upper()}_<BACKEND>__<KEY>")
             data.setdefault(section, {}).setdefault(backend, {})[option] = value
             sources[f"{section}.{backend}.{option}"] = where
@@ -486,7 +505,7 @@ def load_with_sources(cls: type[C], path: str | os.PathLike[str] | None = None, 
                       environ: Mapping[str, str] | None = None,
                       overrides: Mapping[str, Mapping[str, Any]] | None = None,
                       override_sources: Mapping[str, str] | None = None,
-                      registries: Any | None = None, check: bool = True) -> Loaded[C]:
+                      registries: Registries | None = None) -> Loaded[C]:
     """:func:`load`, keeping the source of every key that is set (for ``waltz config show``)."""
     data: dict[str, Any] = {}
     label = "configuration"
@@ -516,7 +535,7 @@ def load_with_sources(cls: type[C], path: str | os.PathLike[str] | None = None, 
             sources[p] = (override_sources or {}).get(p, "command line")
     try:
         config = build(cls, data)
-        if check:
+        if registries is not None:
             check_backends(config, registries)
     except ConfigKeyError as exc:
         origin = sources.get(exc.path) or next(
@@ -528,25 +547,33 @@ def load_with_sources(cls: type[C], path: str | os.PathLike[str] | None = None, 
 
 def load(cls: type[C], path: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None,
          overrides: Mapping[str, Mapping[str, Any]] | None = None,
-         override_sources: Mapping[str, str] | None = None, registries: Any | None = None,
-         check: bool = True) -> C:
+         override_sources: Mapping[str, str] | None = None, registries: Registries | None = None) -> C:
     """Load a process config: TOML file (optional), then ``WALTZ_*`` variables, then ``overrides``
     (command-line flags: ``override_sources`` names them, ``{"server.port": "--port"}``).
 
-    With ``check`` (the default) backend names and option tables are checked against the
-    registered backends too (:func:`check_backends`). Errors name where the value came from and
-    the key: ``server.toml: server.port: expected an integer, got 'x'``, ``environment variable
-    WALTZ_SERVER_PORT: server.port: must be a port number ...``.
+    With ``registries`` (a process passes its runtime's: ``runtime.registries``) backend names
+    and option tables are checked against the registered backends too (:func:`check_backends`);
+    without, only the keys and values are (a backend is then checked when it is built from the
+    registries). Errors name where the value came from and the key: ``server.toml: server.port:
+    expected an integer, got 'x'``, ``environment variable WALTZ_SERVER_PORT: server.port: must be
+    a port number ...``.
     """
     return load_with_sources(cls, path, environ=environ, overrides=overrides, override_sources=override_sources,
-                             registries=registries, check=check).config
+                             registries=registries).config
 
 
-#: Sections naming a backend without option tables: (section, key) -> registry kind.
-_NAMED_BACKENDS = {("storage", "layout"): "storage_layout", ("server", "lock_table"): "lock_table"}
+#: Backend kind (registry) -> (section, key of that section naming the backend). The options of
+#: backend ``N`` are the section's table ``[<section>.N]``, read by :func:`backend_options`.
+BACKEND_SECTIONS: dict[str, tuple[str, str]] = {
+    "transport": ("transport", "name"),
+    "coordination": ("coordination", "name"),
+    "storage_layout": ("storage", "layout"),
+    "lock_table": ("server", "lock_table"),
+}
+_KIND_OF_SECTION = {section: kind for kind, (section, _key) in BACKEND_SECTIONS.items()}
 
 
-def _unknown_backend(kind: str, name: str, registry: Any) -> str:
+def _unknown_backend(kind: str, name: str, registry: Registry[Any]) -> str:
     from .registry import KNOWN_PROVIDERS
 
     names = registry.names()
@@ -557,7 +584,7 @@ def _unknown_backend(kind: str, name: str, registry: Any) -> str:
     return f"{text} (registered: {', '.join(names) or 'none'}; `waltz plugins` lists them)"
 
 
-def check_backends(config: Any, registries: Any | None = None) -> None:
+def check_backends(config: Any, registries: Registries) -> None:
     """Every backend a process config names is registered, every backend option table names a
     registered backend, and the chosen backend's options validate: ConfigKeyError otherwise.
 
@@ -565,44 +592,32 @@ def check_backends(config: Any, registries: Any | None = None) -> None:
     ``[transport.tcp]`` and ``[transport.zmq]``); one that names no backend at all (a typo such as
     ``[coordination.zookeepr]``) would be ignored silently, so it is refused.
     """
-    if registries is None:
-        from .plugins import default_registries
-
-        registries = default_registries()
     for field in attrs.fields(type(config)):
         section = getattr(config, field.name)
-        if not attrs.has(type(section)):
+        kind = _KIND_OF_SECTION.get(field.name)
+        if kind is None or not attrs.has(type(section)):
             continue
-        if _has_options(type(section)):
-            registry = registries.of(field.name)
-            if section.name not in registry:
-                raise ConfigKeyError(f"{field.name}.name", _unknown_backend(field.name, section.name, registry))
-            for table, values in section.options.items():
-                where = f"{field.name}.{table}"
-                if table not in registry:
-                    raise ConfigKeyError(where, f"[{where}] is not an options table of any {field.name} backend: "
-                                                + _unknown_backend(field.name, table, registry))
-                info = registry.get(table)
-                if info.config_cls is None:
-                    if values:
-                        raise ConfigKeyError(where, f"the {table} {field.name} takes no options")
-                else:
-                    build(info.config_cls, values, where)
-        for (sec, key), kind in _NAMED_BACKENDS.items():
-            if sec == field.name:
-                name = getattr(section, key)
-                registry = registries.of(kind)
-                if name not in registry:
-                    raise ConfigKeyError(f"{sec}.{key}", _unknown_backend(kind, name, registry))
+        key = BACKEND_SECTIONS[kind][1]
+        registry = registries.of(kind)
+        name = getattr(section, key)
+        if name not in registry:
+            raise ConfigKeyError(f"{field.name}.{key}", _unknown_backend(kind, name, registry))
+        for table, values in section.options.items():
+            where = f"{field.name}.{table}"
+            if table not in registry:
+                raise ConfigKeyError(where, f"[{where}] is not an options table of any {kind.replace('_', ' ')} "
+                                            "backend: " + _unknown_backend(kind, table, registry))
+            info = registry.get(table)
+            if info.config_cls is None:
+                if values:
+                    raise ConfigKeyError(where, f"the {table} {kind.replace('_', ' ')} takes no options")
+            else:
+                build(info.config_cls, values, where)
 
 
-def effective_values(loaded: Loaded[Any], registries: Any | None = None) -> list[tuple[str, Any, str]]:
+def effective_values(loaded: Loaded[Any], registries: Registries) -> list[tuple[str, Any, str]]:
     """(dotted key, value, source) for every key of a loaded config - the chosen backends' options
     included - with ``default`` as the source of keys nobody set (``waltz config show``)."""
-    if registries is None:
-        from .plugins import default_registries
-
-        registries = default_registries()
     rows: list[tuple[str, Any, str]] = []
 
     def walk(obj: Any, prefix: str) -> None:
@@ -619,27 +634,39 @@ def effective_values(loaded: Loaded[Any], registries: Any | None = None) -> list
     walk(loaded.config, "")
     for f in attrs.fields(type(loaded.config)):
         section = getattr(loaded.config, f.name)
-        if not _has_options(type(section)):
+        kind = _KIND_OF_SECTION.get(f.name)
+        if kind is None or not attrs.has(type(section)):
             continue
-        info = registries.of(f.name).get(section.name)
-        options = backend_options(info.config_cls, section, f.name)
+        name = getattr(section, BACKEND_SECTIONS[kind][1])
+        info = registries.of(kind).get(name)
+        options = backend_options(info.config_cls, section, kind)
         if options is not None:
-            walk(options, f"{f.name}.{section.name}.")
+            walk(options, f"{f.name}.{name}.")
         for table, values in sorted(section.options.items()):
-            if table != section.name:  # another backend's table: kept, unused while this one is chosen
+            if table != name:  # another backend's table: kept, unused while this one is chosen
                 for k, v in sorted(values.items()):
                     path = f"{f.name}.{table}.{k}"
                     rows.append((path, v, loaded.sources.get(path, "?") + " (not used)"))
     return rows
 
 
-def backend_options(info_config_cls: type[C] | None, section: Any, where: str) -> C | None:
-    """Build a backend's options object from ``section.options[<backend name>]``."""
-    if info_config_cls is None:
-        if section.options.get(section.name):
-            raise ConfigError(f"{where}.{section.name}: this backend takes no options")
+def backend_options(config_cls: type[C] | None, section: Any, kind: str) -> C | None:
+    """The options of the backend ``section`` names: its ``[<section>.<name>]`` table built with
+    the backend's ``config_cls`` (every key validated, defaults for the rest), or None for a
+    backend without options. The one way any backend's options are read.
+
+    :param section: the configuration section naming the backend (``TransportConfig``, ...)
+    :param kind: the backend kind, a key of :data:`BACKEND_SECTIONS` (``"transport"``, ``"lock_table"``)
+    :raises ConfigError: a bad key or value, or a table for a backend that takes no options
+    """
+    where, key = BACKEND_SECTIONS[kind]
+    name = getattr(section, key)
+    table = section.options.get(name, {})
+    if config_cls is None:
+        if table:
+            raise ConfigError(f"{where}.{name}: this backend takes no options")
         return None
-    return build(info_config_cls, section.options.get(section.name, {}), f"{where}.{section.name}")
+    return build(config_cls, table, f"{where}.{name}")
 
 
 # -------------------------------------------------------------------------------------- schema

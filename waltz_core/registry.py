@@ -5,18 +5,52 @@ what the user needs to know about it: the options class read from configuration,
 description and the plugin and distribution that provided it. Resolving a name that nobody
 registered raises :class:`~waltz_core.errors.BackendNotFoundError` with the installed names and,
 for the backends this project ships, the distribution to install.
+
+Every backend kind has the same factory signature, ``factory(config, options)``:
+
+``config``
+    the configuration section the backend is named in: :class:`~waltz_core.config.TransportConfig`
+    (``[transport] name``), :class:`~waltz_core.config.CoordinationConfig` (``[coordination]
+    name``), :class:`~waltz_core.config.StorageNodeConfig` (``[storage] layout``) or
+    :class:`~waltz_core.config.ServerConfig` (``[server] lock_table``);
+``options``
+    an instance of the ``config_cls`` given to :meth:`Registry.add`, built from the backend's own
+    table ``[<section>.<name>]`` (``[transport.tcp]``, ``[storage.segmented]``,
+    ``[server.hashed]``) by :func:`waltz_core.config.backend_options`, or ``None`` when the
+    backend has no ``config_cls``.
+
+The aliases below name each kind's factory type (``Registry[TransportFactory]``). They are
+strings at run time so that importing this module does not import every backend protocol.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import attrs
 
 from .errors import BackendNotFoundError, PluginError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from .config import CoordinationConfig, ServerConfig, StorageNodeConfig, TransportConfig
+    from .coordination.base import CoordinationBackend
+    from .locks.base import LockTable
+    from .storage.layout import StorageLayout
+    from .transport.base import Transport
+
+#: ``factory(config, options) -> Transport`` (not yet listening or connected).
+TransportFactory: TypeAlias = "Callable[[TransportConfig, Any], Transport]"
+#: ``factory(config, options) -> CoordinationBackend`` (not yet started).
+CoordinationFactory: TypeAlias = "Callable[[CoordinationConfig, Any], CoordinationBackend]"
+#: ``factory(config, options) -> StorageLayout`` on ``config.directory`` (not yet opened).
+StorageLayoutFactory: TypeAlias = "Callable[[StorageNodeConfig, Any], StorageLayout]"
+#: ``factory(config, options) -> LockTable`` of one partition, nothing committed (the server resets
+#: it to the partition's high-water mark).
+LockTableFactory: TypeAlias = "Callable[[ServerConfig, Any], LockTable]"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Backends shipped by this project outside the core, and the distribution (extra) that has them.
 KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
@@ -28,12 +62,12 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
 
 
 @attrs.frozen(slots=True)
-class BackendInfo(Generic[T]):
+class BackendInfo(Generic[F]):
     """One registered backend."""
 
     kind: str
     name: str
-    factory: Callable[..., T]
+    factory: F  #: ``factory(config, options)`` (see the module docstring)
     config_cls: type | None
     description: str
     plugin: str  #: name of the plugin (module or entry point) that registered it
@@ -41,26 +75,41 @@ class BackendInfo(Generic[T]):
     capabilities: frozenset[str] = frozenset()
 
 
-class Registry(Generic[T]):
+class Registry(Generic[F]):
     """The registry handed to one ``waltz_register_<kind>`` hook."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._entries: dict[str, BackendInfo[T]] = {}
-        # Set by the plugin manager while it calls one plugin's hook implementation.
+        self._entries: dict[str, BackendInfo[F]] = {}
+        # Who is registering now: set by the plugin manager around each plugin's hook call
+        # (waltz_core.plugins.load_registries), so every entry and every error names its plugin.
         self._current_plugin = "?"
         self._current_distribution = "?"
+
+    @contextlib.contextmanager
+    def _registering(self, plugin: str, distribution: str) -> Iterator[None]:
+        """Attribute every :meth:`add` inside the block to ``plugin`` of ``distribution``."""
+        self._current_plugin, self._current_distribution = plugin, distribution
+        try:
+            yield
+        finally:
+            self._current_plugin = self._current_distribution = "?"
 
     def add(
         self,
         name: str,
-        factory: Callable[..., T],
+        factory: F,
         *,
         config_cls: type | None = None,
         description: str = "",
         capabilities: frozenset[str] | set[str] = frozenset(),
     ) -> None:
-        """Register ``factory`` under ``name``. A name may be registered once."""
+        """Register ``factory`` under ``name``. A name may be registered once.
+
+        :param factory: ``factory(config, options)`` returning an unstarted backend (module docstring)
+        :param config_cls: a frozen attrs class whose fields are the keys of the backend's
+            ``[<section>.<name>]`` table, every one with a default; None: the backend takes no options
+        """
         if not name or not name.replace("-", "").replace("_", "").isalnum():
             raise PluginError(f"{self.kind} name {name!r} from plugin {self._current_plugin!r} is not a plain identifier")
         if name in self._entries:
@@ -88,13 +137,13 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
-    def __iter__(self) -> Iterator[BackendInfo[T]]:
+    def __iter__(self) -> Iterator[BackendInfo[F]]:
         return iter(self._entries[n] for n in self.names())
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, name: str) -> BackendInfo[T]:
+    def get(self, name: str) -> BackendInfo[F]:
         """Return the backend registered as ``name`` or raise a clear :class:`BackendNotFoundError`."""
         try:
             return self._entries[name]

@@ -19,6 +19,7 @@ from waltz_core.coordination import open_coordination
 from waltz_core.coordination.base import SessionState
 from waltz_core.coordination.local import LocalCoordination, LocalOptions, default_local_directory
 from waltz_core.errors import CoordinationError, SessionLostError
+from waltz_core.runtime import Runtime
 from waltz_core.testing.conformance.coordination import eventually
 
 CHILD = textwrap.dedent("""
@@ -142,7 +143,8 @@ async def test_store_survives_restart_and_versions_never_repeat(tmp_path: Path) 
 async def test_unusable_directory_is_a_clear_coordination_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    backend = open_coordination(CoordinationConfig(name="local", connect=str(blocker / "coord")))
+    backend = open_coordination(CoordinationConfig(name="local", connect=str(blocker / "coord")),
+                                Runtime.load(autoload=False).registries)
     with pytest.raises(CoordinationError, match="cannot create directory"):
         await backend.start()
     await backend.close()
@@ -174,6 +176,6 @@ def test_default_directory_follows_xdg_state_home(monkeypatch: pytest.MonkeyPatc
 
 def test_options_come_from_the_coordination_local_table() -> None:
     config = CoordinationConfig(name="local", connect="/tmp/x", options={"local": {"poll_interval": 0.2}})
-    backend = open_coordination(config)
+    backend = open_coordination(config, Runtime.load(autoload=False).registries)
     assert isinstance(backend, LocalCoordination)
     assert backend._options.poll_interval == 0.2

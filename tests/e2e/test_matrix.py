@@ -37,6 +37,7 @@ from waltz_core.config import ClientProcessConfig, CoordinationConfig, Transport
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.recipes import StoreMetadata
 from waltz_core.errors import ConnectError, ConnectionClosedError, PeerTimeoutError
+from waltz_core.plugins import Registries
 from waltz_core.storage.client import StorageAdminClient
 from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
 from waltz_core.transport import open_transport
@@ -120,8 +121,8 @@ async def write(app: CounterApp, config: ClientProcessConfig, keys: list[str], n
     return contexts
 
 
-async def cluster_key(coordination: CoordinationConfig) -> tuple[Any, int]:
-    backend = open_coordination(coordination)
+async def cluster_key(coordination: CoordinationConfig, registries: Registries) -> tuple[Any, int]:
+    backend = open_coordination(coordination, registries)
     await backend.start()
     try:
         params = await StoreMetadata(backend, coordination.root).get_store_params()
@@ -133,8 +134,8 @@ async def cluster_key(coordination: CoordinationConfig) -> tuple[Any, int]:
 async def wait_replica_holds(spec: ClusterSpec, i: int, high_water_marks: dict[int, int], timeout: float = 60.0) -> None:
     """Poll storage ``i``'s admin port until every partition holds its final transaction (caught up)."""
     assert spec.coordination is not None
-    key, n = await cluster_key(spec.coordination)
-    transport = open_transport(spec.transport_config)
+    key, n = await cluster_key(spec.coordination, spec.runtime.registries)
+    transport = open_transport(spec.transport_config, spec.runtime.registries)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -155,10 +156,10 @@ async def wait_replica_holds(spec: ClusterSpec, i: int, high_water_marks: dict[i
         await transport.aclose()
 
 
-async def assert_refused(transport_name: str, options: dict[str, Any], address: str) -> None:
+async def assert_refused(transport_name: str, options: dict[str, Any], address: str, registries: Registries) -> None:
     """A transport with ``options`` (missing or wrong credentials) cannot exchange a frame with ``address``."""
     transport = open_transport(TransportConfig(name=transport_name, connect_timeout=3.0,
-                                               options={transport_name: options}))
+                                               options={transport_name: options}), registries)
     try:
         with pytest.raises((ConnectError, ConnectionClosedError)) as info:
             conn = await transport.connect(address)
@@ -255,8 +256,9 @@ async def test_end_to_end(cell: Any, cell_coordination: CoordinationConfig, cell
 
         # 5. Security cells: credentials that are missing or wrong are refused by the server.
         if cell_security.refused_options is not None:
-            await assert_refused(cell.transport, cell_security.refused_options, spec.servers[0].address)
-            await assert_refused(cell.transport, {}, spec.servers[0].address)
+            await assert_refused(cell.transport, cell_security.refused_options, spec.servers[0].address,
+                                 spec.runtime.registries)
+            await assert_refused(cell.transport, {}, spec.servers[0].address, spec.runtime.registries)
     except BaseException:
         print(cluster.logs())
         raise

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from waltz_core.locks import ExactLockTable, HashedLockTable, HashedOptions
+from waltz_core.config import ServerConfig
+from waltz_core.locks import ExactLockTable, HashedLockTable
 from waltz_core.testing.conformance.lock_table import LockTableConformance, MakeTable
 
 
 class TestHashedDefault(LockTableConformance):
     @pytest.fixture
     def make_table(self) -> MakeTable:
-        return lambda hwm: HashedLockTable.from_options(HashedOptions(), hwm)
+        return lambda hwm: HashedLockTable(high_water_mark=hwm)
 
 
 class TestHashedOneHash(LockTableConformance):
@@ -23,4 +24,9 @@ class TestHashedOneHash(LockTableConformance):
 class TestExact(LockTableConformance):
     @pytest.fixture
     def make_table(self) -> MakeTable:
-        return lambda hwm: ExactLockTable.from_options(None, hwm)
+        def make(hwm: int) -> ExactLockTable:
+            table = ExactLockTable.from_config(ServerConfig(lock_table="exact"))  # as the server builds it
+            table.reset(hwm)
+            return table
+
+        return make

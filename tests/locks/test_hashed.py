@@ -11,21 +11,20 @@ from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
 from waltz_core.config import InvalidValue, ServerConfig
-from waltz_core.errors import BackendNotFoundError
+from waltz_core.errors import BackendNotFoundError, ConfigError
 from waltz_core.locks import (
     Begin,
     ExactLockTable,
-    ExactOptions,
     HashedLockTable,
-    HashedOptions,
     LockRequest,
-    lock_table_options,
     open_lock_table,
 )
 from waltz_core.locks import hashed as hashed_module
 from waltz_core.locks.hashed import slot_indices
-from waltz_core.plugins import default_registries
 from waltz_core.protocol.client import AppendRequest, ReqId
+from waltz_core.runtime import Runtime
+
+REGISTRIES = Runtime.load(autoload=False).registries
 
 
 def java_slots(lock_hash: int, size: int, count: int) -> list[int]:
@@ -241,35 +240,37 @@ def test_the_occ_checker_catches_a_table_that_ignores_in_flight_appends() -> Non
 # --------------------------------------------------------------------- registry and options
 
 
-def test_both_strategies_are_registered() -> None:
-    registry = default_registries().lock_table
+def test_both_strategies_are_registered_with_the_common_factory_signature() -> None:
+    registry = REGISTRIES.lock_table
     assert {"hashed", "exact"} <= set(registry.names())
-    assert registry.get("hashed").config_cls is HashedOptions
-    assert registry.get("exact").config_cls is ExactOptions
-    table = registry.get("hashed").factory(HashedOptions(size=10, hash_count=2), 7)
-    assert isinstance(table, HashedLockTable) and table.size == 10 and table.estimate(LockRequest((1,))) == 7
+    assert registry.get("hashed").config_cls is None and registry.get("exact").config_cls is None
+    # factory(config, options): a new table, nothing committed; the server resets it to its high-water mark
+    table = registry.get("hashed").factory(ServerConfig(lock_table_size=10, lock_hash_count=2), None)
+    assert isinstance(table, HashedLockTable) and table.size == 10 and table.estimate(LockRequest((1,))) == -1
 
 
 def test_open_lock_table_takes_the_server_keys() -> None:
-    table = open_lock_table(ServerConfig(lock_table_size=1234, lock_hash_count=2), 99)
+    table = open_lock_table(ServerConfig(lock_table_size=1234, lock_hash_count=2), 99, REGISTRIES)
     assert isinstance(table, HashedLockTable)
     assert (table.size, table.hash_count) == (1234, 2)
     assert table.check(LockRequest((5,)), 98) == 99
-    exact = open_lock_table(ServerConfig(lock_table="exact"), 3)
+    exact = open_lock_table(ServerConfig(lock_table="exact"), 3, REGISTRIES)
     assert isinstance(exact, ExactLockTable) and exact.estimate(LockRequest((5,))) == 3
-    assert lock_table_options(ExactOptions, ServerConfig()) == ExactOptions()
 
 
 def test_bad_options_are_config_errors() -> None:
     # The config refuses a size of 0 where it is read, before any lock table is built.
     with pytest.raises(InvalidValue, match="lock_table_size: must be 1 or more, got 0"):
         ServerConfig(lock_table_size=0)
-    with pytest.raises(ValueError, match="size must be >= 1"):
-        HashedOptions(size=0)
-    with pytest.raises(ValueError, match="hash_count"):
-        HashedOptions(hash_count=0)
+    with pytest.raises(ValueError, match="size >= 1"):
+        HashedLockTable(size=0)
+    with pytest.raises(ValueError, match="hash_count >= 1"):
+        HashedLockTable(hash_count=0)
     with pytest.raises(BackendNotFoundError, match="installed: exact, hashed"):
-        open_lock_table(ServerConfig(lock_table="bloom"), -1)
+        open_lock_table(ServerConfig(lock_table="bloom"), -1, REGISTRIES)
+    # [server.hashed] is the strategy's options table, and the built-ins take none
+    with pytest.raises(ConfigError, match=r"server\.hashed: this backend takes no options"):
+        open_lock_table(ServerConfig(options={"hashed": {"size": 5}}), -1, REGISTRIES)
 
 
 def test_lock_request_from_append_request() -> None:

@@ -27,8 +27,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from waltz_core.app.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.errors import FrameTooLargeError
-from waltz_core.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.protocol import ADMIN, CLIENT, STORAGE, Family
 from waltz_core.protocol import client as m
 from waltz_core.protocol.framing import LENGTH, FrameDecoder
@@ -182,14 +182,15 @@ class GoodPeers:
     async def check(self) -> None:
         spec = self.spec
         assert spec.coordination is not None
-        async with PartitionProbe(spec.transport_config, spec.coordination, 0, client_id=7_000 + self.appended) as probe:
+        async with PartitionProbe(spec.transport_config, spec.coordination, 0, client_id=7_000 + self.appended,
+                                  registries=spec.runtime.registries) as probe:
             payload = f"good-{self.appended}".encode()
             committed = await probe.write([payload], timeout=60)
             await probe.read_to(committed[payload], timeout=30)
             assert probe.feed[committed[payload]][1] is not None
         self.appended += 1
         key, n = await spec.store_params()
-        transport = open_transport(spec.transport_config)
+        transport = open_transport(spec.transport_config, spec.runtime.registries)
         try:
             admin = await StorageAdminClient.connect(transport, spec.admin_address(0), key, n)
             try:

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
+from waltz_core.app.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.client import AsyncWaltzClient, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz_core.client.api import Transaction
 from waltz_core.config import CoordinationConfig
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.recipes import read_assignment
-from waltz_core.local_cluster import ClusterSpec, ProcessCluster
 from waltz_core.testing import require
 from waltz_core.testing.faults import ClusterProcesses
 from waltz_core.testing.faults.netns import HostNetwork, netns_available
@@ -166,7 +166,7 @@ async def test_the_client_library_follows_its_partitions_off_a_vanished_server(
             await cluster.start()
             commits: dict[int, list[float]] = {p: [] for p in range(partitions)}
             stop = asyncio.Event()
-            async with AsyncWaltzClient(_Applied(), spec.client_config()) as client:
+            async with AsyncWaltzClient(_Applied(), spec.client_config(), runtime=spec.runtime) as client:
                 await client.wait_mounted(60)
 
                 async def produce(partition: int) -> None:
@@ -178,7 +178,7 @@ async def test_the_client_library_follows_its_partitions_off_a_vanished_server(
 
                 producers = [asyncio.ensure_future(produce(p)) for p in range(partitions)]
                 await asyncio.sleep(3)
-                backend = open_coordination(coordination)
+                backend = open_coordination(coordination, spec.runtime.registries)
                 await backend.start()
                 try:
                     assignment, _ = await read_assignment(backend, coordination.root)

@@ -1,15 +1,20 @@
-"""Negative controls: each unsafe switch MUST be caught by the checker (else the suite is broken).
+"""Negative controls: each unsafe plugin MUST be caught by the checker (else the suite is broken).
 
-* ``WALTZ_UNSAFE_NO_LOCK_CHECK=1`` (server): contended transfers commit on stale reads -> ``lock``
-  (and the bank loses or makes money);
-* ``WALTZ_UNSAFE_ACK_BEFORE_QUORUM=1`` (server): with two storages stalled, transactions commit on
-  one replica, which then crashes with the server -> ``lost`` acknowledged appends;
-* ``WALTZ_UNSAFE_NO_FSYNC=1`` (storage): every storage crashes with its unsynced bytes lost (the
-  fsync journal shim) -> ``lost``. The same crash without the switch is the positive control:
-  all replicas down and back with lost unsynced writes loses nothing.
+The plugins are in :mod:`waltz_core.testing.sabotage`; production code knows nothing about them.
 
-The switches are read once at process start, so they are set in the environment of the
-subprocesses only (``monkeypatch.setenv`` before the cluster starts).
+* ``no-lock-check`` (server: lock table ``unsafe-no-lock-check``): contended transfers commit on
+  stale reads -> ``lock`` (and the bank loses or makes money);
+* ``ack-before-quorum`` (server: a commit rule of one acknowledgement): with two storages stalled,
+  transactions commit on one replica, which then crashes with the server -> ``lost`` acknowledged
+  appends;
+* ``no-fsync`` (storage: layout ``unsafe-no-fsync``): every storage crashes with its unsynced
+  bytes lost (the fsync journal shim) -> ``lost``. The same crash on ``segmented`` is the positive
+  control: all replicas down and back with lost unsynced writes loses nothing.
+
+The processes of the cluster load them through the environment they inherit
+(``sabotage.environment(name)``: ``WALTZ_PLUGINS`` plus the config variable selecting the
+backend, set with ``monkeypatch.setenv`` before the cluster starts), and each logs an ``UNSAFE:``
+line at start.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from waltz_core.testing import sabotage
 from waltz_core.testing.faults import ClusterProcesses, CrashMode, crash_lose_unsynced, sync_journal_env
 from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
 
@@ -31,13 +37,20 @@ def _report(result: Any) -> str:
     return "\n".join(result.report())
 
 
+def _sabotage(monkeypatch: pytest.MonkeyPatch, control: str) -> str:
+    """Make the cluster's processes run negative control ``control``; the line each logs at start."""
+    for key, value in sabotage.environment(control).items():
+        monkeypatch.setenv(key, value)
+    return f"UNSAFE: plugin waltz_core.testing.sabotage:{sabotage.CONTROLS[control][0]} is loaded"
+
+
 async def test_no_lock_check_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WALTZ_UNSAFE_NO_LOCK_CHECK", "1")
+    unsafe = _sabotage(monkeypatch, "no-lock-check")
     result = await run_smoketest(SmokeOptions(tmp_path, duration=6.0, clients=3, partitions=1, servers=1, accounts=3,
                                               nemesis=False))
     print(_report(result))
     assert "lock" in result.verdict.kinds(), _report(result)
-    assert "UNSAFE: WALTZ_UNSAFE_NO_LOCK_CHECK" in (tmp_path / "cluster" / "logs" / "server-0.log").read_text()
+    assert unsafe in (tmp_path / "cluster" / "logs" / "server-0.log").read_text()
 
 
 async def test_lock_check_holds_under_the_same_contention(tmp_path: Path) -> None:
@@ -66,11 +79,12 @@ async def _stall_two_storages_then_crash_the_third(procs: ClusterProcesses, prox
 
 
 async def test_ack_before_quorum_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WALTZ_UNSAFE_ACK_BEFORE_QUORUM", "1")
+    unsafe = _sabotage(monkeypatch, "ack-before-quorum")
     result = await run_smoketest(SmokeOptions(tmp_path, duration=60.0, clients=2, partitions=1, servers=1),
                                  cluster_hook=_stall_two_storages_then_crash_the_third)
     print(_report(result))
     assert "lost" in result.verdict.kinds(), _report(result)
+    assert unsafe in (tmp_path / "cluster" / "logs" / "server-0.log").read_text()
 
 
 def _power_loss(journal: Path, crashed: list[Any]) -> Any:
@@ -96,16 +110,16 @@ async def test_power_loss_of_every_replica(unsafe: bool, tmp_path: Path, monkeyp
     journal = tmp_path / "sync-journal.jsonl"
     for k, v in sync_journal_env(journal).items():
         monkeypatch.setenv(k, v)
-    if unsafe:
-        monkeypatch.setenv("WALTZ_UNSAFE_NO_FSYNC", "1")
+    warning = _sabotage(monkeypatch, "no-fsync") if unsafe else None
     crashed: list[Any] = []
     result = await run_smoketest(SmokeOptions(tmp_path / "run", duration=60.0, clients=2, partitions=2, servers=1),
                                  cluster_hook=_power_loss(journal, crashed))
     print(_report(result), crashed, sep="\n")
     assert journal.exists(), "the fsync journal shim must be active in the storage processes"
-    if unsafe:
+    if warning is not None:
         assert crashed, "the power loss must lose unsynced bytes"
         assert "lost" in result.verdict.kinds(), _report(result)
+        assert warning in (tmp_path / "run" / "cluster" / "logs" / "storage-0.log").read_text()
     else:
         assert result.verdict.ok, _report(result)
         assert result.verdict.stats["ok"] > 50

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from waltz_core.app.local_cluster import ClusterSpec, InProcessCluster
 from waltz_core.client import AsyncWaltzClient, TransactionContext, WaltzClientCallbacks
 from waltz_core.errors import ClientTimeoutError
-from waltz_core.local_cluster import ClusterSpec, InProcessCluster
 
 
 class NoApp(WaltzClientCallbacks):

@@ -51,7 +51,8 @@ async def test_storage_kill_quorum_stall_resume_and_catch_up(coordination: str, 
     cluster = ProcessCluster(spec)
     await cluster.start()
     try:
-        async with PartitionProbe(spec.transport_config, spec.coordination, 0) as probe:
+        async with PartitionProbe(spec.transport_config, spec.coordination, 0,
+                                  registries=spec.runtime.registries) as probe:
             committed = await probe.write(payloads("a", 150))
             # One storage killed: appends continue on the remaining quorum of 2.
             cluster.kill_storage(2)
@@ -86,7 +87,7 @@ async def test_storage_kill_quorum_stall_resume_and_catch_up(coordination: str, 
 async def wait_replica_holds(spec: ClusterSpec, i: int, key: uuid.UUID, n: int, transaction_id: int,
                              timeout: float = 60.0) -> None:
     """Poll replica ``i``'s admin port until it holds ``transaction_id`` (catch-up finished)."""
-    transport = open_transport(spec.transport_config)
+    transport = open_transport(spec.transport_config, spec.runtime.registries)
     admin = await StorageAdminClient.connect(transport, spec.admin_address(i), key, n)
     try:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -106,7 +107,8 @@ async def test_second_server_takes_over_without_loss_or_duplicates(coordination:
     cluster = ProcessCluster(spec)
     await cluster.start()
     try:
-        async with PartitionProbe(spec.transport_config, spec.coordination, 0) as probe:
+        async with PartitionProbe(spec.transport_config, spec.coordination, 0,
+                                  registries=spec.runtime.registries) as probe:
             committed = await probe.write(payloads("x", 200))
             # Each server prints its ready line (stdout goes to its log), as the storage nodes do.
             for i, node in enumerate(spec.servers):

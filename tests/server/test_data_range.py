@@ -84,7 +84,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
 
 async def connect(cl: InProcessCluster) -> Conn:
     server = cl.servers[0]
-    conn = await open_transport(cl.spec.transport_config).connect(server.address)
+    conn = await open_transport(cl.spec.transport_config, cl.spec.runtime.registries).connect(server.address)
     return Conn(await MessageChannel.open(conn, CLIENT, "test"), server.partitions[0].generation)
 
 

@@ -86,7 +86,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
 
 async def connect(cl: InProcessCluster, client_id: int, partition: int = 0) -> Raw:
     server = cl.servers[0]
-    transport = open_transport(cl.spec.transport_config)
+    transport = open_transport(cl.spec.transport_config, cl.spec.runtime.registries)
     conn = await transport.connect(server.address)
     ch = await MessageChannel.open(conn, CLIENT, "test")
     return Raw(ch, client_id, server.partitions[partition].generation, partition)
@@ -270,7 +270,7 @@ async def test_cluster_verify_check_connectivity_and_preferred_partitions(cluste
     assert result.exit_code == 1
     assert "FAILED" in result.output and spec.storages[2].address in result.output
     # Preferred partitions through the admin RPC: ids out of range are refused.
-    transport = open_transport(spec.transport_config)
+    transport = open_transport(spec.transport_config, spec.runtime.registries)
     admin = await ServerAdminClient.connect(transport, cluster.servers[0].address)
     try:
         assert await admin.add_preferred_partitions([1]) is True

@@ -19,7 +19,7 @@ import pytest
 
 from waltz_core.config import TransportConfig
 from waltz_core.errors import ConnectionClosedError, FrameTooLargeError, ProtocolError
-from waltz_core.plugins import default_registries
+from waltz_core.runtime import Runtime
 from waltz_core.storage.client import StorageClient
 from waltz_core.testing import require
 from waltz_core.transport import open_transport
@@ -29,8 +29,12 @@ from .conftest import make_record, make_records
 WALTZ = [str(Path(sys.executable).parent / "waltz")]
 
 
+#: the plugins of this test module's own connections (the node under test runs its own)
+RUNTIME = Runtime.load()
+
+
 def _tcp_available() -> bool:
-    return "tcp" in default_registries().transport
+    return "tcp" in RUNTIME.registries.transport
 
 
 def _free_port() -> int:
@@ -100,7 +104,7 @@ async def test_real_process_admin_data_http_and_kill(storage_process: StoragePro
     sp = storage_process
     result = await asyncio.to_thread(sp.cli, "add-partition", "-p", "0-1")
     assert result.returncode == 0, result.stderr
-    transport = open_transport(TransportConfig(name="tcp", max_frame_size=1 << 20))
+    transport = open_transport(TransportConfig(name="tcp", max_frame_size=1 << 20), RUNTIME.registries)
     client = await StorageClient.connect(transport, sp.data, sp.key, 2)
     recs = make_records(0, 120)
     for i in range(0, 120, 10):
@@ -146,7 +150,7 @@ def test_disk_tools_on_a_stopped_node(storage_process: StorageProcess) -> None:
     assert sp.cli("add-partition", "-p", "0").returncode == 0
 
     async def write() -> None:
-        transport = open_transport(TransportConfig(name="tcp"))
+        transport = open_transport(TransportConfig(name="tcp"), RUNTIME.registries)
         client = await StorageClient.connect(transport, sp.data, sp.key, 2)
         await client.append(1, 0, make_records(0, 7))
         await client.close()

@@ -75,7 +75,8 @@ async def test_recover_a_damaged_node_from_a_replica_and_lose_no_acknowledged_wr
         acked: dict[int, dict[bytes, int]] = {0: {}, 1: {}}
         for half in (0, 1):
             for pid in (0, 1):
-                async with PartitionProbe(spec.transport_config, spec.coordination, pid) as probe:
+                async with PartitionProbe(spec.transport_config, spec.coordination, pid,
+                                          registries=spec.runtime.registries) as probe:
                     acked[pid].update(await probe.write([f"{kind}-{pid}-{i}".encode() * 4
                                                          for i in range(150 * half, 150 * half + 150)]))
             if half == 0:  # a new store session: every replica's low-water mark becomes 149
@@ -126,7 +127,8 @@ async def test_recover_a_damaged_node_from_a_replica_and_lose_no_acknowledged_wr
                 for payload, txn in acked[pid].items():
                     assert data[txn] == payload, f"partition {pid}: acknowledged transaction {txn} lost"
         for pid in (0, 1):
-            async with PartitionProbe(spec.transport_config, spec.coordination, pid) as probe:
+            async with PartitionProbe(spec.transport_config, spec.coordination, pid,
+                                      registries=spec.runtime.registries) as probe:
                 more = await probe.write([f"after-{pid}-{i}".encode() for i in range(20)], timeout=120)
                 assert sorted(more.values()) == list(range(300, 320))  # dense after the 300 acknowledged
     finally:

@@ -10,12 +10,13 @@ from waltz_core.config import TransportConfig
 from waltz_core.errors import HandshakeError, PeerTimeoutError
 from waltz_core.protocol import CLIENT, STORAGE
 from waltz_core.protocol.handshake import Hello, encode_hello
+from waltz_core.runtime import Runtime
 from waltz_core.transport import Connection, MessageChannel, open_transport
 
 
 async def _open_against(peer: object, **open_args: object) -> tuple[Connection, asyncio.Task[MessageChannel]]:
     """Connect over the memory transport to a listener running ``peer`` and start a handshake."""
-    transport = open_transport(TransportConfig(name="memory"))
+    transport = open_transport(TransportConfig(name="memory"), Runtime.load(autoload=False).registries)
     listener = await transport.listen("127.0.0.1", 0, peer)  # type: ignore[arg-type]
     conn = await transport.connect(listener.address)
     task = asyncio.create_task(MessageChannel.open(conn, CLIENT, "test", **open_args))  # type: ignore[arg-type]

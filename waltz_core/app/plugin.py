@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ..cli.context import current_runtime
 from ..cli.logs import log_format_option
 from ..cli.output import echo_json, json_option
 from ..cli.params import partition_ids_callback
@@ -36,7 +37,7 @@ def _client_config(config_path: str | None, data_dir: Path) -> Any:
     path = Path(config_path) if config_path else data_dir / "client.toml"
     if not path.exists():
         raise ConfigError(f"{path} does not exist: start a cluster with `waltz up` or pass --config client.toml")
-    return load(ClientProcessConfig, path)
+    return load(ClientProcessConfig, path, registries=current_runtime().registries)
 
 
 # --------------------------------------------------------------------------------- waltz up
@@ -77,7 +78,7 @@ def up_command(data_dir: Path, partitions: int, servers: int, coordination: str,
     cluster = LocalCluster(UpOptions(data_dir=data_dir, partitions=partitions, servers=servers,
                                      coordination=coordination, connect=connect, root=root,
                                      ready_timeout=ready_timeout, secure=secure, transport=transport),
-                           echo=click.echo)
+                           echo=click.echo, runtime=current_runtime())
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -219,13 +220,14 @@ def high_water_mark_command(config_path: str | None, data_dir: Path, partitions:
     from ..errors import ConfigError
 
     config = _client_config(config_path, data_dir)
+    runtime = current_runtime()
     _quiet_dev_mode_warning()
 
     async def main() -> dict[int, int]:
         import attrs
 
         cfg = attrs.evolve(config, client=attrs.evolve(config.client, auto_mount=False))
-        async with AsyncWaltzClient(WaltzClientCallbacks(), cfg) as client:
+        async with AsyncWaltzClient(WaltzClientCallbacks(), cfg, runtime=runtime) as client:
             ids = partitions if partitions is not None else list(range(client.num_partitions))
             bad = [p for p in ids if p >= client.num_partitions]
             if bad:

@@ -28,8 +28,9 @@ from ..client.api import Transaction, WaltzClientCallbacks
 from ..client.core import AsyncWaltzClient
 from ..config import ClientProcessConfig, CoordinationConfig
 from ..errors import ClientError, ConfigError, WaltzError
-from ..local_cluster import ClusterSpec, ProcessCluster
-from ..plugins import default_registries
+from ..retry import RetryPolicy
+from ..runtime import Runtime
+from .local_cluster import ClusterSpec, ProcessCluster
 
 PID_FILE = "waltz-up.pids"
 
@@ -105,25 +106,28 @@ def _is_ours(pid: int, config_file: Path) -> bool:
 class LocalCluster:
     """The cluster of one ``waltz up`` (blocking API, for the CLI and the quickstart)."""
 
-    def __init__(self, options: UpOptions, echo: Callable[[str], None] = print) -> None:
+    def __init__(self, options: UpOptions, echo: Callable[[str], None] = print, runtime: Runtime | None = None) -> None:
         self.options = options
         self.echo = echo
+        #: the runtime of the calling command (`waltz up`), or one of its own (the quickstart, tests)
+        self.runtime = runtime or Runtime.load()
         data_dir = options.data_dir.resolve()
         self.data_dir = data_dir
-        loaded = ClusterSpec.load(data_dir)
+        loaded = ClusterSpec.load(data_dir, self.runtime)
         self.reused = loaded is not None
         if loaded is None:
             transport = "tcp" if options.transport is None else options.transport
             options = attrs.evolve(options, transport=transport)
             # Backends are named, not listed: any installed one, a plugin's too; a clear error otherwise.
-            registries = default_registries()
+            registries = self.runtime.registries
             registries.resolve("transport", transport)
             registries.resolve("coordination", options.coordination)
             node_tls, client_tls = _secure_options(data_dir, options) if options.secure else ({}, None)
             self.spec = ClusterSpec(data_dir, num_partitions=options.partitions, num_storages=options.storages,
                                     num_servers=options.servers, transport=transport,
                                     transport_options=node_tls, client_transport_options=client_tls,
-                                    coordination=_coordination(attrs.evolve(options, data_dir=data_dir)))
+                                    coordination=_coordination(attrs.evolve(options, data_dir=data_dir)),
+                                    runtime=self.runtime)
         else:
             if options.secure and not loaded.transport_options.get("tls_ca"):
                 raise ConfigError(f"the cluster in {data_dir} was created without --secure; give another --data-dir "
@@ -274,6 +278,9 @@ async def wait_served(config: ClientProcessConfig, num_partitions: int, timeout:
     deadline = time.monotonic() + timeout
     hwms: dict[int, int] = {}
     client = AsyncWaltzClient(_Mounter(hwms), cfg)
+    # every 200 ms (jittered) while the cluster is being created; no deadline in the policy:
+    # _check keeps the one deadline of the three waits and says which one ran out
+    delays = RetryPolicy(initial=0.2, maximum=0.2).delays()
     while True:
         try:
             await client.start()
@@ -281,7 +288,7 @@ async def wait_served(config: ClientProcessConfig, num_partitions: int, timeout:
         except WaltzError as exc:
             _check(deadline, dead, f"cluster not found: {exc}")
             client = AsyncWaltzClient(_Mounter(hwms), cfg)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(next(delays))
     try:
         for pid in range(num_partitions):
             while True:

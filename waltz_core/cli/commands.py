@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..hookspecs import hookimpl
+from .context import current_runtime
 from .output import console, echo_json, json_option
+
+if TYPE_CHECKING:
+    from ..plugins import Registries
 
 
 @click.command("plugins")
 @json_option
 def plugins_command(as_json: bool) -> None:
     """List every plugin and every backend it registered, with distribution and version."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from ..plugins import get_plugin_manager, load_registries, plugin_distribution
+    from ..plugins import plugin_distribution
 
-    pm = get_plugin_manager()
-    regs = load_registries(pm)
+    runtime = current_runtime()
+    pm, regs = runtime.plugin_manager, runtime.registries
     plugins = sorted(((name, plugin_distribution(pm, plug)) for name, plug in pm.list_name_plugin() if plug is not None))
     if as_json:
         echo_json({
-            "plugins": [{"name": n, "distribution": d} for n, d in plugins],
+            "plugins": [{"name": n, "distribution": d, **({"unsafe": runtime.unsafe[n]} if n in runtime.unsafe else {})}
+                        for n, d in plugins],
             "backends": [{"kind": b.kind, "name": b.name, "plugin": b.plugin, "distribution": b.distribution,
                           "description": b.description} for b in regs.all()],
         })
@@ -31,13 +39,14 @@ def plugins_command(as_json: bool) -> None:
     for col in ("kind", "name", "distribution", "plugin", "description"):
         table.add_column(col)
     for b in regs.all():
-        table.add_row(b.kind, b.name, b.distribution, b.plugin, b.description)
+        table.add_row(*(escape(text) for text in (b.kind, b.name, b.distribution, b.plugin, b.description)))
     out.print(table)
     ptable = Table(title="Plugins", title_justify="left")
     ptable.add_column("plugin")
     ptable.add_column("distribution")
     for name, dist in plugins:
-        ptable.add_row(name, dist)
+        unsafe = runtime.unsafe.get(name)
+        ptable.add_row(escape(name), escape(dist) + (f" [bold red]UNSAFE: {escape(unsafe)}[/]" if unsafe else ""))
     out.print(ptable)
 
 
@@ -62,7 +71,7 @@ def config_schema(process: str | None, markdown: bool, as_json: bool) -> None:
         echo_json({name: [{"key": e.key, "type": e.type, "default": e.default, "doc": e.doc}
                           for e in schema(PROCESS_CONFIGS[name])] for name in names})
         return
-    click.echo(render_schema(names, markdown))
+    click.echo(render_schema(names, markdown, current_runtime().registries))
 
 
 def _process_of(path: str | None, process: str | None) -> str:
@@ -100,7 +109,7 @@ def config_check(path: str, process: str | None) -> None:
     from ..config import PROCESS_CONFIGS, load
 
     kind = _process_of(path, process)
-    load(PROCESS_CONFIGS[kind], path)
+    load(PROCESS_CONFIGS[kind], path, registries=current_runtime().registries)
     click.echo(f"{path}: a valid {kind} configuration")
 
 
@@ -116,8 +125,9 @@ def config_show(config_path: str | None, process: str | None, as_json: bool) -> 
     from ..config import PROCESS_CONFIGS, effective_values, load_with_sources
 
     kind = _process_of(config_path, process)
-    loaded = load_with_sources(PROCESS_CONFIGS[kind], config_path)
-    rows = effective_values(loaded)
+    registries = current_runtime().registries
+    loaded = load_with_sources(PROCESS_CONFIGS[kind], config_path, registries=registries)
+    rows = effective_values(loaded, registries)
     if as_json:
         echo_json({"process": kind, "file": config_path,
                    "keys": [{"key": k, "value": v, "source": src} for k, v, src in rows]})
@@ -130,9 +140,9 @@ def config_show(config_path: str | None, process: str | None, as_json: bool) -> 
     console().print(table)
 
 
-def render_schema(names: list[str], markdown: bool) -> str:
-    from ..config import PROCESS_CONFIGS, schema
-    from ..plugins import default_registries
+def render_schema(names: list[str], markdown: bool, registries: Registries) -> str:
+    """The keys of the ``names`` processes, then the option tables of every backend in ``registries``."""
+    from ..config import BACKEND_SECTIONS, PROCESS_CONFIGS, schema
 
     lines: list[str] = []
     for name in names:
@@ -146,12 +156,11 @@ def render_schema(names: list[str], markdown: bool) -> str:
             width = max(len(e.key) for e in entries)
             lines += [f"  {e.key:<{width}}  {e.type:<10} default {e.default:<12} {e.doc}" for e in entries]
             lines.append("")
-    regs = default_registries()
     backend_lines: list[str] = []
-    for info in regs.all():
+    for info in registries.all():
         if info.config_cls is None:
             continue
-        section = {"transport": "transport", "coordination": "coordination"}.get(info.kind, info.kind)
+        section = BACKEND_SECTIONS[info.kind][0]
         entries = schema(info.config_cls)
         if not entries:
             continue

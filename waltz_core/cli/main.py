@@ -1,7 +1,10 @@
 """Entry point of the ``waltz`` command.
 
 The group is built from plugins: every ``waltz_add_commands`` implementation (built-ins first)
-adds its subcommands. A :class:`~waltz_core.errors.WaltzError` ends the command with one clear
+adds its subcommands. :func:`main` builds the process's one :class:`~waltz_core.runtime.Runtime`
+before anything else, and the commands get it from the click context
+(:func:`waltz_core.cli.context.current_runtime`); ``waltz server start`` and ``waltz storage
+start`` run their node with it. A :class:`~waltz_core.errors.WaltzError` ends the command with one clear
 line on stderr and exit status 1, never a traceback (``WALTZ_DEBUG=1`` shows it). With
 ``--log-format json`` that line, and an unexpected error with its traceback, is a JSON log line
 like every other line on stderr (see :mod:`.logs`).
@@ -16,14 +19,20 @@ import sys
 import click
 
 from ..errors import WaltzError
-from ..plugins import core_version, get_plugin_manager
+from ..plugins import core_version
+from ..runtime import Runtime
 from .logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging, json_logging
 
 log = logging.getLogger("waltz")
 
 
-def build_cli() -> click.Group:
-    @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def build_cli(runtime: Runtime | None = None) -> click.Group:
+    """The ``waltz`` group with the commands of ``runtime``'s plugins, each run with that runtime
+    as its context object. Without one, a runtime is built here (``Runtime.load()``)."""
+    runtime = runtime or Runtime.load()
+
+    @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110,
+                                   "obj": runtime})
     @click.version_option(core_version(), prog_name="waltz")
     @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
     @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
@@ -34,16 +43,15 @@ def build_cli() -> click.Group:
         """Waltz: a distributed, replicated, partitioned write-ahead log with optimistic locking."""
         configure_logging(logging.WARNING - 10 * min(verbose, 2), log_format)
 
-    pm = get_plugin_manager()
-    # get_hookimpls() is in registration order (pluggy calls LIFO): built-ins are added first.
-    for impl in pm.hook.waltz_add_commands.get_hookimpls():
-        impl.function(**{k: {"cli": cli}[k] for k in impl.argnames})
+    # Through pluggy (tracing and wrappers apply). Its LIFO order adds the built-ins' commands last,
+    # so a plugin cannot replace one by reusing its name; --help lists commands sorted anyway.
+    runtime.hook.waltz_add_commands(cli=cli)
     return cli
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cli = build_cli()
+        cli = build_cli(Runtime.load())
         # Without standalone mode click *returns* the code of a click.exceptions.Exit (how
         # commands report a failed check) instead of exiting with it.
         code = cli.main(args=argv, prog_name="waltz", standalone_mode=False)

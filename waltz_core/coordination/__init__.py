@@ -7,7 +7,7 @@ id counters) are written once against :class:`~.base.CoordinationBackend`, so ev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import CoordinationConfig, backend_options
 from .base import CoordinationBackend, SessionState, Versioned, WatchHandle
@@ -16,21 +16,17 @@ if TYPE_CHECKING:
     from ..plugins import Registries
 
 
-def open_coordination(config: CoordinationConfig, registries: Registries | None = None) -> CoordinationBackend:
-    """Resolve ``config.name`` in the ``coordination`` registry and build the backend, unstarted.
+def open_coordination(config: CoordinationConfig, registries: Registries) -> CoordinationBackend:
+    """Resolve ``config.name`` in the ``coordination`` registry of ``registries`` (the process's
+    runtime's) and build the backend, unstarted.
 
     The backend's options come from ``[coordination.<name>]`` validated by its ``config_cls``.
     Raises :class:`~waltz_core.errors.BackendNotFoundError` for an unknown name and
     :class:`~waltz_core.errors.ConfigError` for bad options. Does not block or connect: call
     ``await backend.start()`` on the event loop that will use it.
     """
-    from ..plugins import default_registries
-
-    regs = registries or default_registries()
-    info = regs.resolve("coordination", config.name)
-    options: Any = backend_options(info.config_cls, config, "coordination")
-    backend: CoordinationBackend = info.factory(config, options)
-    return backend
+    info = registries.coordination.get(config.name)
+    return info.factory(config, backend_options(info.config_cls, config, "coordination"))
 
 
 __all__ = ["CoordinationBackend", "SessionState", "Versioned", "WatchHandle", "open_coordination"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from ..cli.context import current_runtime
 from ..cli.output import json_option, refused_flag
 from ..cli.params import partition_ids_callback
 from ..config import CoordinationConfig
@@ -22,6 +23,7 @@ from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from ..config import CliConfig
+    from ..registry import CoordinationFactory, Registry
     from .base import CoordinationBackend
     from .local import LocalCoordination, LocalOptions
 
@@ -35,7 +37,7 @@ def _local_factory(config: CoordinationConfig, options: LocalOptions | None) -> 
 
 
 @hookimpl
-def waltz_register_coordination_backends(registry: Any) -> None:
+def waltz_register_coordination_backends(registry: Registry[CoordinationFactory]) -> None:
     from .local import LocalOptions
 
     registry.add("local", _local_factory, config_cls=LocalOptions,
@@ -69,7 +71,8 @@ def _load_config(config_path: str | None, backend_name: str | None, connect: str
                                    ("session_timeout", session_timeout)) if v is not None}
     return load(CliConfig, config_path, overrides={"coordination": overrides} if overrides else None,
                 override_sources={"coordination.name": "--coordination", "coordination.connect": "--connect",
-                                  "coordination.root": "--root", "coordination.session_timeout": "--session-timeout"})
+                                  "coordination.root": "--root", "coordination.session_timeout": "--session-timeout"},
+                registries=current_runtime().registries)
 
 
 def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
@@ -84,9 +87,10 @@ def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
 
         config = _load_config(config_path, backend_name, connect, root, session_timeout).coordination
         Paths(config.root)  # a malformed root is a ConfigError before anything connects
+        registries = current_runtime().registries
 
         async def run() -> T:
-            backend: CoordinationBackend = open_coordination(config)
+            backend: CoordinationBackend = open_coordination(config, registries)
             await backend.start()
             try:
                 return await body(backend, config.root, **kwargs)

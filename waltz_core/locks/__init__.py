@@ -6,13 +6,12 @@ See :mod:`waltz_core.locks.base` for the protocol and how the server drives it.
 from __future__ import annotations
 
 from .base import NO_LOCKS, Begin, LockRequest, LockTable
-from .exact import ExactLockTable, ExactOptions
-from .hashed import HashedLockTable, HashedOptions
+from .exact import ExactLockTable
+from .hashed import HashedLockTable
 from .lock_id import PartitionLocalLock, java_long_hash, java_string_hash, lock_hash, lock_hashes
-from .open import lock_table_options, open_lock_table
+from .open import open_lock_table
 
 __all__ = [
-    "NO_LOCKS", "Begin", "LockRequest", "LockTable", "ExactLockTable", "ExactOptions", "HashedLockTable",
-    "HashedOptions", "PartitionLocalLock", "java_long_hash", "java_string_hash", "lock_hash", "lock_hashes",
-    "lock_table_options", "open_lock_table",
+    "NO_LOCKS", "Begin", "LockRequest", "LockTable", "ExactLockTable", "HashedLockTable",
+    "PartitionLocalLock", "java_long_hash", "java_string_hash", "lock_hash", "lock_hashes", "open_lock_table",
 ]

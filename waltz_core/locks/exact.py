@@ -7,14 +7,12 @@ distinct locks ever committed in the partition (about 100 bytes per lock). It is
 
 from __future__ import annotations
 
-import attrs
+from typing import TYPE_CHECKING
 
 from .base import Begin, LockRequest
 
-
-@attrs.frozen
-class ExactOptions:
-    """The ``exact`` table has no options; the server's ``lock_table_size`` / ``lock_hash_count`` do not apply."""
+if TYPE_CHECKING:
+    from ..config import ServerConfig
 
 
 class ExactLockTable:
@@ -32,9 +30,10 @@ class ExactLockTable:
         self._in_flight = 0
 
     @classmethod
-    def from_options(cls, options: ExactOptions | None, high_water_mark: int) -> ExactLockTable:
-        """The registry factory: ``factory(options, high_water_mark)``."""
-        return cls(high_water_mark)
+    def from_config(cls, config: ServerConfig, options: None = None) -> ExactLockTable:
+        """The registry factory, ``factory(config, options)``: no options; the ``[server]`` keys
+        ``lock_table_size`` and ``lock_hash_count`` do not apply."""
+        return cls()
 
     def __repr__(self) -> str:
         return f"ExactLockTable(locks={len(self._last)}, in_flight={self._in_flight})"

@@ -12,10 +12,12 @@ overwritten by other locks. Memory is fixed: 8·L bytes of marks plus L bytes of
 from __future__ import annotations
 
 from array import array
-
-import attrs
+from typing import TYPE_CHECKING
 
 from .base import Begin, LockRequest
+
+if TYPE_CHECKING:
+    from ..config import ServerConfig
 
 _MULTIPLIER = 1103515245
 _ADDER = 12345
@@ -25,19 +27,6 @@ _INDEX_MASK = 0x3FFFFFFF
 #: Lock hashes whose slot indices are kept; beyond it the cache is dropped and refilled
 #: (cheaper than LRU bookkeeping on every hit, and a partition's hot set is far smaller).
 SLOT_CACHE_SIZE = 65_536
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
-
-
-@attrs.frozen
-class HashedOptions:
-    """Options of the ``hashed`` lock table (the server fills them from ``[server]``)."""
-
-    size: int = attrs.field(default=30_000, validator=_positive, metadata={"doc": "Slots per partition (L)."})
-    hash_count: int = attrs.field(default=3, validator=_positive, metadata={"doc": "Hash functions per lock (N)."})
 
 
 def slot_indices(lock_hash: int, size: int, hash_count: int) -> tuple[int, ...]:
@@ -73,10 +62,10 @@ class HashedLockTable:
         self._in_flight = 0
 
     @classmethod
-    def from_options(cls, options: HashedOptions | None, high_water_mark: int) -> HashedLockTable:
-        """The registry factory: ``factory(options, high_water_mark)``."""
-        options = options or HashedOptions()
-        return cls(options.size, options.hash_count, high_water_mark)
+    def from_config(cls, config: ServerConfig, options: None = None) -> HashedLockTable:
+        """The registry factory, ``factory(config, options)``: L and N are the seed's ``[server]``
+        keys ``lock_table_size`` and ``lock_hash_count`` (the strategy has no options table)."""
+        return cls(config.lock_table_size, config.lock_hash_count)
 
     def __repr__(self) -> str:
         return f"HashedLockTable(size={self.size}, hash_count={self.hash_count}, in_flight={self._in_flight})"

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..hookspecs import hookimpl
-from .exact import ExactLockTable, ExactOptions
-from .hashed import HashedLockTable, HashedOptions
+from ..registry import LockTableFactory, Registry
+from .exact import ExactLockTable
+from .hashed import HashedLockTable
 
 
 @hookimpl
-def waltz_register_lock_tables(registry: Any) -> None:
-    registry.add("hashed", HashedLockTable.from_options, config_cls=HashedOptions,
+def waltz_register_lock_tables(registry: Registry[LockTableFactory]) -> None:
+    registry.add("hashed", HashedLockTable.from_config,
                  description="L x N array of high-water marks (fixed memory; false conflicts possible)")
-    registry.add("exact", ExactLockTable.from_options, config_cls=ExactOptions,
+    registry.add("exact", ExactLockTable.from_config,
                  description="last commit per lock in a dict (exact; memory grows with locks)")

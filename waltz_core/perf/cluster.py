@@ -94,8 +94,8 @@ async def local_cluster(partitions: int, *, storages: int = 3, ready_timeout: fl
     Runs on the caller's event loop; the processes are real subprocesses, so the benchmark's
     client does not share a GIL with them.
     """
+    from ..app.local_cluster import ClusterSpec, ProcessCluster
     from ..app.up import wait_served
-    from ..local_cluster import ClusterSpec, ProcessCluster
 
     directory = Path(tempfile.mkdtemp(prefix="waltz-perf-", dir=keep_dir))
     spec = ClusterSpec(directory, num_partitions=partitions, num_storages=storages, num_servers=1, http=True)

@@ -43,9 +43,11 @@ async def _target(config_path: str | None, local: bool, partitions: int, metrics
     if local == bool(config_path):
         raise click.UsageError("give exactly one of --config client.toml or --local")
     if config_path:
+        from ..cli.context import current_runtime
         from ..config import ClientProcessConfig, load
 
-        yield load(ClientProcessConfig, Path(config_path)), list(metrics_urls), {}
+        yield (load(ClientProcessConfig, Path(config_path), registries=current_runtime().registries),
+               list(metrics_urls), {})
         return
     from .cluster import local_cluster
 

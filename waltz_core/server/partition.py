@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -35,13 +34,6 @@ from .caches import CacheBudget, DataCache, FeedCache
 from .link import ClientLink
 
 log = logging.getLogger("waltz.server.partition")
-
-#: Test-only negative control (docs/reliability.md): appends skip the optimistic-lock check.
-#: Read once, at import (process start).
-UNSAFE_NO_LOCK_CHECK = os.environ.get("WALTZ_UNSAFE_NO_LOCK_CHECK", "") == "1"
-if UNSAFE_NO_LOCK_CHECK:
-    log.warning("UNSAFE: WALTZ_UNSAFE_NO_LOCK_CHECK=1 - lock conflicts are NOT checked; transactions can commit "
-                "on stale reads. For negative-control tests only.")
 
 FEED_BATCH = 256  # headers per feed write; bounded so one busy feed cannot starve others
 #: Caps of one TransactionDataRangeResponse, whatever the client asks for (bytes: also at most
@@ -299,7 +291,7 @@ class Partition:
         if request is not NO_LOCKS:
             locks = self.locks
             assert locks is not None
-            conflict = None if UNSAFE_NO_LOCK_CHECK else locks.check(request, req.client_high_water_mark)
+            conflict = locks.check(request, req.client_high_water_mark)
             if conflict is not None:
                 locks.abort(request)
                 self.lock_failures += 1

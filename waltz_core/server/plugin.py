@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from ..cli.context import current_runtime
 from ..cli.logs import log_format_option
 from ..cli.output import console, echo_json, json_option, refused_flag
 from ..hookspecs import hookimpl
@@ -48,16 +49,17 @@ def start(config_path: str | None, port: int | None, http_port: int | None, inse
         overrides.setdefault("http", {})["port"] = http_port
     if insecure:
         overrides.setdefault("security", {})["insecure"] = True
+    runtime = current_runtime()
     config = load(ServerProcessConfig, config_path, overrides=overrides,
                   override_sources={"server.port": "--port", "http.port": "--http-port",
-                                    "security.insecure": "--insecure"})
+                                    "security.insecure": "--insecure"}, registries=runtime.registries)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_server(config, stop)
+        await run_server(config, stop, runtime)
 
     asyncio.run(main())
 
@@ -69,10 +71,11 @@ def _admin_call(server: str, config_path: str | None, call: str, *args: object) 
     from ..transport import open_transport
     from .admin_client import ServerAdminClient
 
-    config = load(CliConfig, config_path)
+    registries = current_runtime().registries
+    config = load(CliConfig, config_path, registries=registries)
 
     async def run() -> object:
-        transport = open_transport(config.transport)
+        transport = open_transport(config.transport, registries)
         client = await ServerAdminClient.connect(transport, server)
         try:
             return await getattr(client, call)(*args)
@@ -143,11 +146,12 @@ def _cluster_call(config_path: str | None, backend_name: str | None, connect: st
     from ..transport import open_transport
 
     config = _load_config(config_path, backend_name, connect, root, session_timeout)
+    registries = current_runtime().registries
 
     async def run() -> T:
-        backend = open_coordination(config.coordination)
+        backend = open_coordination(config.coordination, registries)
         await backend.start()
-        transport = open_transport(config.transport)
+        transport = open_transport(config.transport, registries)
         try:
             return await body(backend, config.coordination.root, transport)
         finally:
@@ -230,10 +234,11 @@ def _cluster_commands() -> list[click.Command]:
     return [check_connectivity, verify_command]
 
 
-@hookimpl
+@hookimpl(trylast=True)  # after the coordination plugin added `waltz cluster` (pluggy calls LIFO otherwise)
 def waltz_add_commands(cli: click.Group) -> None:
     cli.add_command(server_group)
     cluster = cli.commands.get("cluster")
-    if isinstance(cluster, click.Group):  # the coordination plugin's `waltz cluster` (built-in, added first)
+    if isinstance(cluster, click.Group):  # the coordination plugin's `waltz cluster`
         for command in _cluster_commands():
             cluster.add_command(command)
+

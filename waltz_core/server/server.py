@@ -1,7 +1,10 @@
 """The Waltz server process (seed 000): client connections, partitions, cluster membership.
 
-Backends are resolved by name once, at start (transport, coordination, lock table); nothing on
-the per-transaction path goes through a hook. Each client connection is read by one task that
+Backends are resolved by name once, at start (transport, coordination, lock table), from the
+registries of the :class:`~waltz_core.runtime.Runtime` the server is given, and its lifecycle
+hooks (``waltz_process_started``, ``waltz_partition_opened``, ...) and the commit rule
+(``waltz_commit_quorum``, once per partition) are called on that runtime's plugin manager;
+nothing on the per-transaction path goes through a hook. Each client connection is read by one task that
 decodes messages and hands them to their partition; a full partition queue stops that read
 (back pressure to the client's socket). Bytes that do not decode close that connection only.
 Partitions open and close as the cluster manager's assignment changes; a new generation of a
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ServerProcessConfig
 from ..coordination import open_coordination
@@ -23,29 +26,30 @@ from ..errors import ConnectionClosedError, ProtocolError, TransportError, Waltz
 from ..http import HttpEndpoint
 from ..locks.open import open_lock_table
 from ..metrics import MetricsRegistry
-from ..plugins import Registries, core_version, default_plugin_manager, default_registries
+from ..plugins import core_version
 from ..protocol import CLIENT
 from ..protocol import client as m
 from ..transport import MessageChannel, check_plaintext_allowed, is_plaintext, open_transport
 from ..transport.base import Connection, Listener
 from .caches import CacheBudget
+from .dispatch import read_client_messages
 from .glue import CoordinationMetadata, StorageConnector
 from .link import ClientLink
 from .partition import Partition
 from .store import ReplicatedStore, ReplicationBudget
+from .vote import quorum_of
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
 
 log = logging.getLogger("waltz.server")
 
-_ADMIN_REQUESTS = (
-    m.CheckStorageConnectivityRequest, m.ServerPartitionsAssignmentRequest, m.AddPreferredPartitionRequest,
-    m.RemovePreferredPartitionRequest, m.ServerPartitionsHealthStatRequest,
-)
-
 
 class WaltzServer:
-    def __init__(self, config: ServerProcessConfig, registries: Registries | None = None) -> None:
+    def __init__(self, config: ServerProcessConfig, runtime: Runtime) -> None:
         self.config = config
-        self.registries = registries or default_registries()
+        self.runtime = runtime
+        self.registries = runtime.registries
         self.partitions: dict[int, Partition] = {}
         self.metrics = MetricsRegistry("waltz_server")
         self.name = "waltz-server"
@@ -66,6 +70,7 @@ class WaltzServer:
 
     async def start(self) -> None:
         cfg = self.config
+        self.runtime.warn_unsafe(log, "this server")
         self.transport = open_transport(cfg.transport, self.registries)
         check_plaintext_allowed(self.transport, cfg.server.host, cfg.security.insecure, "server.host")
         self.coordination = open_coordination(cfg.coordination, self.registries)
@@ -95,13 +100,13 @@ class WaltzServer:
             log.warning("server %s: client and storage links are not encrypted (development mode)", self.address)
         log.info("%s listening on %s (transport %s, coordination %s)", self.name, self.address,
                  cfg.transport.name, cfg.coordination.name)
-        default_plugin_manager().hook.waltz_process_started(kind="server", name=self.name, address=self.address)
+        self.runtime.hook.waltz_process_started(kind="server", name=self.name, address=self.address)
 
     async def stop(self) -> None:
         if self._closed:
             return
         self._closed = True
-        default_plugin_manager().hook.waltz_process_stopping(kind="server", name=self.name)
+        self.runtime.hook.waltz_process_stopping(kind="server", name=self.name)
         await self.cluster.close()
         if self._listener is not None:
             await self._listener.close()
@@ -134,8 +139,10 @@ class WaltzServer:
                     self._open_partition(pid, generation)
 
     def _open_partition(self, pid: int, generation: int) -> None:
+        # A plugin's commit rule, asked once per partition; the majority when no plugin has one.
+        commit_quorum = self.runtime.hook.waltz_commit_quorum(server_name=self.name, partition_id=pid) or quorum_of
         store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server,
-                                self.replication_budget)
+                                self.replication_budget, commit_quorum)
         server_cfg, regs = self.config.server, self.registries
         labels = {"partition": str(pid)}
         latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",
@@ -158,7 +165,7 @@ class WaltzServer:
                 log.warning("%s: partition %d could not open: %s", self.name, pid, exc)
                 return
             log.info("%s: partition %d ready at high-water mark %d", self.name, pid, partition.high_water_mark)
-            default_plugin_manager().hook.waltz_partition_opened(
+            self.runtime.hook.waltz_partition_opened(
                 server_name=self.name, partition_id=pid, high_water_mark=partition.high_water_mark)
 
         partition.open_task = asyncio.get_running_loop().create_task(run(), name=f"open-p{pid}")
@@ -172,7 +179,7 @@ class WaltzServer:
         await partition.close()
         self.metrics.remove({"partition": str(pid)})
         log.info("%s: closed partition %d", self.name, pid)
-        default_plugin_manager().hook.waltz_partition_closed(server_name=self.name, partition_id=pid)
+        self.runtime.hook.waltz_partition_closed(server_name=self.name, partition_id=pid)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -192,33 +199,8 @@ class WaltzServer:
         link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water)
         self._links.add(link)
         partitions = self.partitions
-        recv, decode = channel.conn.recv, channel.family.decode
         try:
-            while True:
-                msg = decode(await recv())  # ProtocolError for bytes that do not decode
-                t = type(msg)
-                if t in _ADMIN_REQUESTS:
-                    self._spawn(self._admin(msg, link))
-                    continue
-                partition = partitions.get(msg.req_id.partition_id)
-                if partition is not None:
-                    full = partition.offer(msg, link)
-                    if full is not None:
-                        await full
-                    if not link.readable:
-                        await link.wait_readable()
-                elif t is m.MountRequest:
-                    link.post(m.MountResponse(msg.req_id, m.PartitionState.NOT_READY))
-                elif t is m.TransactionDataRequest:
-                    link.post(m.TransactionDataResponse(msg.req_id, msg.transaction_id, None, 0,
-                                                        f"partition {msg.req_id.partition_id} is not on this server"))
-                elif t is m.TransactionDataRangeRequest:
-                    link.post(m.TransactionDataRangeResponse(
-                        msg.req_id, msg.first_transaction_id, (), (),
-                        f"partition {msg.req_id.partition_id} is not on this server"))
-                elif t is m.HighWaterMarkRequest:
-                    link.post(m.HighWaterMarkResponse(msg.req_id, -2))  # -2: partition not here
-                # appends, flushes, feed requests for partitions we do not own are dropped (original)
+            await read_client_messages(link, partitions, lambda msg, peer: self._spawn(self._admin(msg, peer)))
         except ConnectionClosedError:
             pass
         except ProtocolError as exc:
@@ -333,14 +315,16 @@ def _not_ready(p: Partition, reachable: set[str]) -> str | None:
     return None
 
 
-async def run_server(config: ServerProcessConfig, stop: asyncio.Event, *, announce: bool = True) -> None:
-    """Run a server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
+async def run_server(config: ServerProcessConfig, stop: asyncio.Event, runtime: Runtime, *,
+                     announce: bool = True) -> None:
+    """Run a server with ``runtime`` (the process's) until ``stop`` is set (the CLI sets it on
+    SIGINT/SIGTERM).
 
     With ``announce`` it prints one ready line on stdout once it listens and is a cluster member,
     as the storage node does: ``waltz server ready address=... id=... http=... partitions=N``
     (scripts and service managers wait for it).
     """
-    server = WaltzServer(config)
+    server = WaltzServer(config, runtime)
     await server.start()
     if announce:
         print(f"waltz server ready address={server.address} id={server.cluster.server_id} http={server.http_address} "

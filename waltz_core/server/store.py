@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import islice
@@ -28,20 +27,14 @@ from typing import Protocol, TypeVar
 
 from ..config import ServerConfig
 from ..coordination.metadata import UNRESOLVED, ReplicaState
-from ..errors import CasConflictError, GenerationMismatchError, PartitionNotReadyError, WaltzError
+from ..errors import CasConflictError, GenerationMismatchError, PartitionNotReadyError, PluginError, WaltzError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
+from ..retry import RetryPolicy
 from .recovery import Recovery
 from .replica import ReplicaApi
 from .vote import quorum_of
 
 log = logging.getLogger("waltz.server.store")
-
-#: Test-only negative control (docs/reliability.md): a transaction commits on its first replica
-#: acknowledgement instead of a quorum. Read once, at import (process start).
-UNSAFE_ACK_BEFORE_QUORUM = os.environ.get("WALTZ_UNSAFE_ACK_BEFORE_QUORUM", "") == "1"
-if UNSAFE_ACK_BEFORE_QUORUM:
-    log.warning("UNSAFE: WALTZ_UNSAFE_ACK_BEFORE_QUORUM=1 - transactions commit on ONE replica's acknowledgement; "
-                "a replica failure can lose them. For negative-control tests only.")
 
 _R = TypeVar("_R")
 
@@ -141,6 +134,20 @@ class _ReplicaSession:
             s.replica_failed(self, exc)
 
 
+def _backoff(config: ServerConfig) -> RetryPolicy:
+    """The store's retry timing: ``initial_retry_interval`` doubling up to ``max_retry_interval``,
+    jittered so that the partitions hit by one failure do not retry in lock step."""
+    return RetryPolicy(initial=config.initial_retry_interval, maximum=config.max_retry_interval)
+
+
+def _fenced(exc: BaseException) -> bool:
+    """A newer session wrote the partition metadata, or the partition moved to a newer generation.
+
+    Both are retriable for a client (re-read, go to the new owner), which is why the flags cannot
+    decide here: for the session that got them they are final."""
+    return isinstance(exc, CasConflictError | GenerationMismatchError)
+
+
 class StoreSession:
     """One store session of one partition."""
 
@@ -151,7 +158,12 @@ class StoreSession:
         self.session_id = session_id
         self.start_high_water_mark = start_hwm
         self.assigned = list(assigned)
-        self.quorum = quorum_of(len(assigned))
+        #: acknowledgements that commit a transaction: the store's commit rule (the majority unless
+        #: a plugin's waltz_commit_quorum says otherwise), decided once per session
+        self.quorum = store.commit_quorum(len(assigned))
+        if not 1 <= self.quorum <= len(assigned):
+            raise PluginError(f"partition {self.partition_id}: the commit rule asks for {self.quorum} of "
+                              f"{len(assigned)} replicas; it must be 1 to {len(assigned)}")
         self.committed = start_hwm
         self.last_assigned = start_hwm
         self.replicas: dict[str, _ReplicaSession] = {}
@@ -203,7 +215,7 @@ class StoreSession:
 
     def on_ack(self) -> None:
         acks = sorted((r.acked for r in self.replicas.values() if r.clean), reverse=True)
-        quorum = 1 if UNSAFE_ACK_BEFORE_QUORUM else self.quorum
+        quorum = self.quorum
         if len(acks) < quorum:
             return
         candidate = acks[quorum - 1]
@@ -229,21 +241,21 @@ class StoreSession:
         """Record in the partition metadata that ``endpoint`` (and every clean replica) is engaged
         in this session; retried until it lands. A conflict means a newer session or generation
         exists: this one is over, and the error ends the replica session."""
-        delay = self.config.initial_retry_interval
-        while True:
+
+        async def write() -> None:
+            # the clean replicas are read again on every attempt: more may have caught up meanwhile
             states = {ep: ReplicaState(self.session_id, UNRESOLVED)
                       for ep, r in self.replicas.items() if r.clean or ep == endpoint}
-            try:
-                await self.store.metadata.write_states(self.partition_id, self.store.generation, self.session_id,
-                                                       states)
-                return
-            except (CasConflictError, GenerationMismatchError):
-                raise
-            except WaltzError as exc:
-                log.info("partition %d session %d: could not record %s as engaged yet: %s (retry in %.1fs)",
-                         self.partition_id, self.session_id, endpoint, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.max_retry_interval)
+            await self.store.metadata.write_states(self.partition_id, self.store.generation, self.session_id, states)
+
+        def retrying(exc: BaseException, delay: float) -> None:
+            log.info("partition %d session %d: could not record %s as engaged yet: %s (retry in %.1fs)",
+                     self.partition_id, self.session_id, endpoint, exc, delay)
+
+        # Every other Waltz failure (coordination unreachable, session lost, ...) is retried until
+        # it lands, retriable flag or not: the session cannot go on without this record.
+        await _backoff(self.config).call(
+            write, retry_if=lambda exc: isinstance(exc, WaltzError) and not _fenced(exc), on_retry=retrying)
 
     def replica_failed(self, replica: _ReplicaSession, exc: BaseException) -> None:
         log.warning("partition %d session %d: replica %s left the session: %s",
@@ -271,8 +283,11 @@ class ReplicatedStore:
     """Implements the partition's ``Store`` protocol over store sessions."""
 
     def __init__(self, partition_id: int, generation: int, metadata: MetadataAccess, connect: ReplicaConnector,
-                 config: ServerConfig, replication_budget: ReplicationBudget | None = None) -> None:
+                 config: ServerConfig, replication_budget: ReplicationBudget | None = None,
+                 commit_quorum: Callable[[int], int] = quorum_of) -> None:
         self.partition_id = partition_id
+        #: replicas -> acknowledgements that commit (the server asks waltz_commit_quorum once)
+        self.commit_quorum = commit_quorum
         #: the server's, shared with its other partitions; one of our own when standing alone (tests)
         self.replication_budget = replication_budget or ReplicationBudget(config.replication_buffer_budget)
         self._budgeted = False
@@ -353,8 +368,11 @@ class ReplicatedStore:
                 return
 
     async def _start_session_with_retry(self) -> None:
-        delay = self.config.initial_retry_interval
-        while not self._closed:
+        # Retried whatever the Waltz failure (a CAS conflict means another session began: begin a
+        # newer one), except a generation mismatch: the partition moved, this server gives it up.
+        for delay in _backoff(self.config).delays():
+            if self._closed:
+                return
             try:
                 await self._start_session()
                 self.last_error = ""
@@ -365,7 +383,6 @@ class ReplicatedStore:
                 self.last_error = str(exc)
                 log.warning("partition %d: store session failed to start: %s (retry in %.1fs)", self.partition_id, exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.max_retry_interval)
 
     async def _start_session(self) -> None:
         pid = self.partition_id

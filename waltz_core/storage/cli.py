@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from ..cli.context import current_runtime
 from ..cli.logs import log_format_option
 from ..cli.output import console, echo_json, json_option, refused_flag
 from ..cli.params import partition_ids, partition_ids_callback
 from ..errors import ConfigError, StorageError, WaltzError
+
+if TYPE_CHECKING:
+    from ..plugins import Registries
 
 T = TypeVar("T")
 
@@ -29,12 +33,13 @@ def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-async def _params(config: Any, cluster_key: uuid.UUID | None, num_partitions: int | None) -> tuple[uuid.UUID, int]:
+async def _params(config: Any, cluster_key: uuid.UUID | None, num_partitions: int | None,
+                  registries: Registries) -> tuple[uuid.UUID, int]:
     if cluster_key is not None and num_partitions is not None:
         return cluster_key, num_partitions
     from .process import store_params_from_coordination
 
-    return await store_params_from_coordination(config.coordination)
+    return await store_params_from_coordination(config.coordination, registries)
 
 
 def _run(coro: Awaitable[T]) -> T:
@@ -47,9 +52,10 @@ async def _with_admin(config_path: str | None, address: str, cluster_key: uuid.U
     from ..transport import open_transport
     from .client import StorageAdminClient
 
-    config = load(CliConfig, config_path)
-    key, n = await _params(config, cluster_key, num_partitions)
-    transport = open_transport(config.transport)
+    registries = current_runtime().registries
+    config = load(CliConfig, config_path, registries=registries)
+    key, n = await _params(config, cluster_key, num_partitions, registries)
+    transport = open_transport(config.transport, registries)
     client = await StorageAdminClient.connect(transport, address, key, n)
     try:
         return await action(client)
@@ -83,9 +89,10 @@ def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_pa
 
     if (cluster_key is None) != (num_partitions is None):
         raise ConfigError("--cluster-key and --num-partitions go together")
+    runtime = current_runtime()
     config = load(StorageProcessConfig, config_path, overrides={"security": {"insecure": True}} if insecure else None,
-                  override_sources={"security.insecure": "--insecure"})
-    _run(run_storage(config, cluster_key=cluster_key, num_partitions=num_partitions))
+                  override_sources={"security.insecure": "--insecure"}, registries=runtime.registries)
+    _run(run_storage(config, runtime, cluster_key=cluster_key, num_partitions=num_partitions))
 
 
 def _admin_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -179,9 +186,10 @@ def max_transaction_id(admin_address: str, data_address: str, partition: int, of
         from ..transport import open_transport
         from .client import StorageAdminClient, StorageClient
 
-        config = load(CliConfig, config_path)
-        key, n = await _params(config, cluster_key, num_partitions)
-        transport = open_transport(config.transport)
+        registries = current_runtime().registries
+        config = load(CliConfig, config_path, registries=registries)
+        key, n = await _params(config, cluster_key, num_partitions, registries)
+        transport = open_transport(config.transport, registries)
         admin = await StorageAdminClient.connect(transport, admin_address, key, n)
         try:
             session = (await admin.last_session_info(partition)).session_id
@@ -226,20 +234,21 @@ def recover_partition_command(config_path: str, partitions: list[int], source: s
     from ..config import StorageProcessConfig, load
     from .recovery import PartitionRebuild, aside_directory, recover_partition, write_report
 
-    config = load(StorageProcessConfig, config_path)
+    registries = current_runtime().registries
+    config = load(StorageProcessConfig, config_path, registries=registries)
     cfg = config.storage
     if (cluster_key is None) != (num_partitions is None):
         raise ConfigError("--cluster-key and --num-partitions go together")
 
     async def main() -> tuple[list[Any], Any]:
-        from ..plugins import default_registries
         from ..transport import listen_address, open_transport
+        from . import open_layout
         from .client import StorageAdminClient
 
         replicas: dict[int, list[str]] = {}
         key, n = cluster_key, num_partitions
         try:
-            replicas, params = await _replica_admins(config.coordination)
+            replicas, params = await _replica_admins(config.coordination, registries)
             key, n = (key, n) if key is not None else params
         except WaltzError as exc:
             if key is None:
@@ -250,7 +259,7 @@ def recover_partition_command(config_path: str, partitions: list[int], source: s
         bad = [p for p in partitions if p >= n]
         if bad:
             raise ConfigError(f"-p/--partition: the cluster has partitions 0-{n - 1}, not {bad}")
-        transport = open_transport(config.transport)
+        transport = open_transport(config.transport, registries)
         me = listen_address(transport, cfg.host, cfg.admin_port)
         clients: dict[str, Any] = {}
         unreachable: set[str] = set()
@@ -265,7 +274,7 @@ def recover_partition_command(config_path: str, partitions: list[int], source: s
                     unreachable.add(address)
             return clients.get(address)
 
-        layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
+        layout = open_layout(cfg, registries)
         aside = aside_directory(cfg.directory)
         rebuild = PartitionRebuild(layout, key, n, aside)
         try:
@@ -305,12 +314,13 @@ def recover_partition_command(config_path: str, partitions: list[int], source: s
         click.echo(f"damaged files and a report are in {report.parent}")
 
 
-async def _replica_admins(coordination: Any) -> tuple[dict[int, list[str]], tuple[uuid.UUID, int]]:
+async def _replica_admins(coordination: Any, registries: Registries
+                          ) -> tuple[dict[int, list[str]], tuple[uuid.UUID, int]]:
     """partition -> admin endpoints of the storage nodes holding it, and (cluster key, partitions)."""
     from ..coordination import open_coordination
     from ..coordination.recipes import StoreMetadata
 
-    backend = open_coordination(coordination)
+    backend = open_coordination(coordination, registries)
     await backend.start()
     try:
         sm = StoreMetadata(backend, coordination.root)
@@ -355,23 +365,24 @@ def validate_command(address: str | None, config_path: str | None, replica: str,
     if address is None and (config_path is None or _process_of(config_path, None) != "storage"):
         raise click.UsageError("give the node to check: -a HOST:ADMIN_PORT (running) or -c storage.toml (stopped)")
     offline = address is None
-    config: StorageProcessConfig | CliConfig = (load(StorageProcessConfig, config_path) if offline
-                                                else load(CliConfig, config_path))
+    registries = current_runtime().registries
+    config: StorageProcessConfig | CliConfig = (load(StorageProcessConfig, config_path, registries=registries)
+                                                if offline else load(CliConfig, config_path, registries=registries))
 
     async def main() -> list[Any]:
-        from ..plugins import default_registries
         from ..transport import open_transport
+        from . import open_layout
         from .client import StorageAdminClient
 
-        key, n = await _params(config, cluster_key, num_partitions)
-        transport = open_transport(config.transport)
+        key, n = await _params(config, cluster_key, num_partitions, registries)
+        transport = open_transport(config.transport, registries)
         other = await StorageAdminClient.connect(transport, replica, key, n)
         node: StorageAdminClient | None = None
         layout: Any = None
         try:
             if isinstance(config, StorageProcessConfig):
                 cfg = config.storage
-                layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
+                layout = open_layout(cfg, registries)
                 try:
                     layout.open(key, n)
                 except StorageError as exc:
@@ -614,10 +625,11 @@ def sync_partitions(config_path: str | None) -> None:
     from ..transport import open_transport
     from .client import StorageAdminClient
 
-    config = load(CliConfig, config_path)
+    registries = current_runtime().registries
+    config = load(CliConfig, config_path, registries=registries)
 
     async def main() -> list[tuple[str, list[int], list[int]]]:
-        backend = open_coordination(config.coordination)
+        backend = open_coordination(config.coordination, registries)
         await backend.start()
         try:
             sm = StoreMetadata(backend, config.coordination.root)
@@ -626,7 +638,7 @@ def sync_partitions(config_path: str | None) -> None:
             admin_addresses = await sm.get_admin_addresses()
         finally:
             await backend.close()
-        transport = open_transport(config.transport)
+        transport = open_transport(config.transport, registries)
         changes = []
         try:
             for storage, wanted in sorted(assignments.items()):

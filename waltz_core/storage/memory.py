@@ -23,6 +23,7 @@ import uuid
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -30,6 +31,9 @@ from ..errors import ClusterKeyMismatchError, StorageError
 from ..protocol.wire import STORED_RECORD_HEAD, Record, RecordBatch, RecordHeader, ReqId
 from .format import FORMAT_VERSION, ControlHeader, PartitionInfo
 from .layout import Repair
+
+if TYPE_CHECKING:
+    from ..config import StorageNodeConfig
 
 
 class _Volume:
@@ -248,6 +252,7 @@ class MemoryLayout:
             self._open = False
 
 
-def memory_factory(directory: str, config: object = None) -> MemoryLayout:
-    """Registry factory: ``factory(directory, config)``; the node's config has nothing for this layout."""
-    return MemoryLayout(directory)
+def memory_factory(config: StorageNodeConfig, options: None = None) -> MemoryLayout:
+    """Registry factory, ``factory(config, options)``: the volume of ``config.directory``; nothing
+    else of the node's config applies to this layout."""
+    return MemoryLayout(config.directory)

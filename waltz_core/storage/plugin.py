@@ -3,27 +3,33 @@ commands."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from ..hookspecs import hookimpl
 
+if TYPE_CHECKING:
+    from ..config import StorageNodeConfig
+    from ..registry import Registry, StorageLayoutFactory
+    from .memory import MemoryLayout
+    from .segmented import SegmentedLayout
 
-def _segmented(directory: str, config: Any = None) -> Any:
-    from .segmented import segmented_factory
 
-    return segmented_factory(directory, config)
+def _segmented(config: StorageNodeConfig, options: None) -> SegmentedLayout:
+    from .segmented import segmented_factory  # imported when used: `waltz --help` stays fast
+
+    return segmented_factory(config, options)
 
 
-def _memory(directory: str, config: Any = None) -> Any:
+def _memory(config: StorageNodeConfig, options: None) -> MemoryLayout:
     from .memory import memory_factory
 
-    return memory_factory(directory, config)
+    return memory_factory(config, options)
 
 
 @hookimpl
-def waltz_register_storage_layouts(registry: Any) -> None:
+def waltz_register_storage_layouts(registry: Registry[StorageLayoutFactory]) -> None:
     registry.add("segmented", _segmented,
                  description="the seed's layout: control file, .seq data + .idx index segments, group commit")
     registry.add("memory", _memory,

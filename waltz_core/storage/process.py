@@ -1,7 +1,9 @@
 """The storage node process (``waltz storage start``): config -> layout -> node -> listeners -> HTTP.
 
 Cluster key and partition count come from coordination (``<root>/store``) unless given
-explicitly (tests, offline use). Runs until ``stop`` is set or SIGINT/SIGTERM arrives.
+explicitly (tests, offline use). Runs until ``stop`` is set or SIGINT/SIGTERM arrives. Transport,
+coordination and layout are built from the registries of the runtime the node is given, and its
+lifecycle hooks are called on that runtime's plugin manager.
 """
 
 from __future__ import annotations
@@ -10,24 +12,30 @@ import asyncio
 import logging
 import signal
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import CoordinationConfig, StorageProcessConfig
 from ..http import HttpEndpoint
 from ..metrics import MetricsRegistry
-from ..plugins import core_version, default_plugin_manager, default_registries
+from ..plugins import core_version
 from ..transport import check_plaintext_allowed, is_plaintext, open_transport
+from . import open_layout
 from .node import StorageNode
+
+if TYPE_CHECKING:
+    from ..plugins import Registries
+    from ..runtime import Runtime
 
 log = logging.getLogger("waltz.storage")
 
 
-async def store_params_from_coordination(coordination: CoordinationConfig) -> tuple[uuid.UUID, int]:
+async def store_params_from_coordination(coordination: CoordinationConfig,
+                                         registries: Registries) -> tuple[uuid.UUID, int]:
     """Read the cluster key and partition count from the coordination backend."""
     from ..coordination import open_coordination
     from ..coordination.recipes import StoreMetadata
 
-    backend = open_coordination(coordination)
+    backend = open_coordination(coordination, registries)
     await backend.start()
     try:
         params = await StoreMetadata(backend, coordination.root).get_store_params()
@@ -36,20 +44,22 @@ async def store_params_from_coordination(coordination: CoordinationConfig) -> tu
     return params.cluster_key, params.num_partitions
 
 
-async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | None = None,
+async def run_storage(config: StorageProcessConfig, runtime: Runtime, *, cluster_key: uuid.UUID | None = None,
                       num_partitions: int | None = None, stop: asyncio.Event | None = None,
                       announce: bool = True) -> None:
-    """Run a storage node until ``stop`` is set (or a termination signal arrives)."""
+    """Run a storage node with ``runtime`` (the process's) until ``stop`` is set (or a termination
+    signal arrives)."""
     cfg = config.storage
-    transport = open_transport(config.transport)
+    registries = runtime.registries
+    runtime.warn_unsafe(log, f"storage node {cfg.host}:{cfg.port}")
+    transport = open_transport(config.transport, registries)
     try:
         # Before anything is read or opened: off loopback, plaintext or an admin port that does not
         # authenticate its clients needs --insecure.
         check_plaintext_allowed(transport, cfg.host, config.security.insecure, "storage.host", admin=True)
         if cluster_key is None or num_partitions is None:
-            cluster_key, num_partitions = await store_params_from_coordination(config.coordination)
-        info = default_registries().resolve("storage_layout", cfg.layout)
-        layout = info.factory(cfg.directory, cfg)
+            cluster_key, num_partitions = await store_params_from_coordination(config.coordination, registries)
+        layout = open_layout(cfg, registries)
         metrics = MetricsRegistry()
         name = f"storage-{cfg.host}:{cfg.port}"
         node = StorageNode(layout, cluster_key, num_partitions, queue_size=cfg.queue_size,
@@ -72,7 +82,7 @@ async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | 
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
-    pm = default_plugin_manager()
+    hook = runtime.hook
     try:
         data = await transport.listen(cfg.host, cfg.port, node.serve_data)
         listeners.append(data)
@@ -84,13 +94,13 @@ async def run_storage(config: StorageProcessConfig, *, cluster_key: uuid.UUID | 
                                 health=node.healthy)
             await http.start(config.http.host, config.http.port)
             http_address = http.address
-        pm.hook.waltz_process_started(kind="storage", name=name, address=data.address)
+        hook.waltz_process_started(kind="storage", name=name, address=data.address)
         if announce:
             print(f"waltz storage ready data={data.address} admin={admin.address} http={http_address} "
                   f"partitions={num_partitions} repairs={len(node.repairs)}", flush=True)
         await stop.wait()
     finally:
-        pm.hook.waltz_process_stopping(kind="storage", name=name)
+        hook.waltz_process_stopping(kind="storage", name=name)
         if http is not None:
             await http.close()
         for listener in listeners:

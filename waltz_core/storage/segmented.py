@@ -72,13 +72,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("waltz.storage.layout")
 
-#: Test-only negative control (docs/reliability.md): appends skip their fdatasync, so an
-#: acknowledged record can be lost at a power loss. Read once, at import (process start).
-UNSAFE_NO_FSYNC = os.environ.get("WALTZ_UNSAFE_NO_FSYNC", "") == "1"
-if UNSAFE_NO_FSYNC:
-    log.warning("UNSAFE: WALTZ_UNSAFE_NO_FSYNC=1 - appends are NOT fdatasync'ed; acknowledged records can be "
-                "lost in a crash. For negative-control tests only.")
-
 REPAIR_LOG_NAME = "waltz-storage-repairs.log"  #: JSON lines, one per repair, shown by `waltz disk`
 
 _LITTLE = sys.byteorder == "little"
@@ -505,14 +498,18 @@ class SegmentedPartition:
             assert tail is not None
         start = tail.data_end
         _pwrite_all(tail.data_fd, records, start)
-        if not UNSAFE_NO_FSYNC:
-            os.fdatasync(tail.data_fd)  # the one sync that makes the batch durable
+        self._sync_appended(tail.data_fd)
         tail.data_end = start + len(records)
         tail.offsets.extend(array("q", [start + offset for offset in offsets]))
         # Index entries stay in memory until the checkpoint writes and syncs them in one go: they
         # are rebuilt from the data file after a crash anyway, so per-batch index writes buy nothing.
         if tail.count - tail.synced >= self._interval:
             tail.checkpoint_lagging()
+
+    def _sync_appended(self, data_fd: int) -> None:
+        """Make an appended batch durable before append returns: the one fdatasync per batch.
+        A method so that the negative control of :mod:`waltz_core.testing.sabotage` can skip it."""
+        os.fdatasync(data_fd)
 
     def truncate(self, transaction_id: int) -> None:
         self._check_open()
@@ -714,6 +711,9 @@ class SegmentedPartition:
 class SegmentedLayout:
     """The storage directory (implements :class:`~.layout.StorageLayout`)."""
 
+    #: the class of the partitions it opens (a subclass may change how they write)
+    partition_class: type[SegmentedPartition] = SegmentedPartition
+
     def __init__(self, directory: str | os.PathLike[str], *, segment_size_threshold: int = 1_000_000_000,
                  segment_cache_capacity: int = 5, index_checkpoint_interval: int = 1000) -> None:
         self.directory = str(directory)
@@ -840,9 +840,9 @@ class SegmentedLayout:
 
     def open_partition(self, partition_id: int) -> SegmentedPartition:
         self._check_partition(partition_id)
-        return SegmentedPartition(self.partition_directory(partition_id), partition_id, self.header.cluster_key,
-                                  segment_size_threshold=self._threshold, segment_cache_capacity=self._capacity,
-                                  index_checkpoint_interval=self._interval, on_repair=self._on_partition_repair)
+        return self.partition_class(self.partition_directory(partition_id), partition_id, self.header.cluster_key,
+                                    segment_size_threshold=self._threshold, segment_cache_capacity=self._capacity,
+                                    index_checkpoint_interval=self._interval, on_repair=self._on_partition_repair)
 
     def _on_partition_repair(self, rep: Repair) -> None:
         self._repairs.append(rep)
@@ -880,10 +880,9 @@ class SegmentedLayout:
             self._fd = -1
 
 
-def segmented_factory(directory: str, config: StorageNodeConfig | None = None) -> SegmentedLayout:
-    """Registry factory: ``factory(directory, config)`` with the node's :class:`StorageNodeConfig`."""
-    if config is None:
-        return SegmentedLayout(directory)
-    return SegmentedLayout(directory, segment_size_threshold=config.segment_size_threshold,
+def segmented_factory(config: StorageNodeConfig, options: None = None) -> SegmentedLayout:
+    """Registry factory, ``factory(config, options)``: the layout on ``config.directory``, sized by
+    the node's ``[storage]`` keys (the layout has no options table)."""
+    return SegmentedLayout(config.directory, segment_size_threshold=config.segment_size_threshold,
                            segment_cache_capacity=config.segment_cache_capacity,
                            index_checkpoint_interval=config.index_checkpoint_interval)

@@ -1,9 +1,9 @@
-"""A whole Waltz cluster on one machine, for tests: re-exported from :mod:`waltz_core.local_cluster`
+"""A whole Waltz cluster on one machine, for tests: re-exported from :mod:`waltz_core.app.local_cluster`
 (where ``waltz up`` finds it)."""
 
 from __future__ import annotations
 
-from ..local_cluster import (
+from ..app.local_cluster import (
     ClusterSpec,
     InProcessCluster,
     NodeSpec,

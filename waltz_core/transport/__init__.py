@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import TransportConfig, backend_options
 from .base import (
@@ -21,14 +21,11 @@ if TYPE_CHECKING:
     from ..plugins import Registries
 
 
-def open_transport(config: TransportConfig, registries: Registries | None = None) -> Transport:
-    """Resolve ``config.name`` once and build the transport with its validated options."""
-    from ..plugins import default_registries
-
-    regs = registries or default_registries()
-    info = regs.resolve("transport", config.name)
-    options: Any = backend_options(info.config_cls, config, "transport")
-    return info.factory(config, options)  # type: ignore[no-any-return]
+def open_transport(config: TransportConfig, registries: Registries) -> Transport:
+    """Resolve ``config.name`` in ``registries`` (the process's runtime's) once and build the
+    transport with its validated ``[transport.<name>]`` options."""
+    info = registries.transport.get(config.name)
+    return info.factory(config, backend_options(info.config_cls, config, "transport"))
 
 
 __all__ = ["Connection", "ConnectionHandler", "Listener", "MessageChannel", "Transport", "check_plaintext_allowed",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..config import TransportConfig
 from ..hookspecs import hookimpl
+from ..registry import Registry, TransportFactory
 from .memory import MemoryOptions, MemoryTransport
 
 
@@ -14,6 +13,6 @@ def _memory_factory(config: TransportConfig, options: MemoryOptions | None) -> M
 
 
 @hookimpl
-def waltz_register_transports(registry: Any) -> None:
+def waltz_register_transports(registry: Registry[TransportFactory]) -> None:
     registry.add("memory", _memory_factory, config_cls=MemoryOptions,
                  description="in-process queues, for tests (one event loop)")

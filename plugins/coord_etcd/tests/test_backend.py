@@ -14,18 +14,22 @@ from waltz_coord_etcd.options import EtcdOptions
 from waltz_core.config import CoordinationConfig, build
 from waltz_core.coordination import open_coordination, recipes
 from waltz_core.errors import ConfigError, CoordinationError
-from waltz_core.plugins import default_registries
+from waltz_core.runtime import Runtime
 from waltz_core.testing import require
 from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.testing.servers import EtcdServer, etcd_available, free_port
 
+#: every backend of these tests is built by name, as a Waltz process builds it
+REGISTRIES = Runtime.load().registries
+
+
 
 def test_registered_under_etcd_with_its_options_class() -> None:
-    info = default_registries().resolve("coordination", "etcd")
+    info = REGISTRIES.resolve("coordination", "etcd")
     assert info.config_cls is EtcdOptions
     backend = open_coordination(build(CoordinationConfig, {
         "name": "etcd", "connect": "127.0.0.1:1,http://127.0.0.1:2", "session_timeout": 4.5,
-        "etcd": {"user": "u", "password": "p"}}))
+        "etcd": {"user": "u", "password": "p"}}), REGISTRIES)
     assert isinstance(backend, EtcdBackend)
     assert backend.endpoints == [("127.0.0.1", 1), ("127.0.0.1", 2)] and backend.ttl == 5
 

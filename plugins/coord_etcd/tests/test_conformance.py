@@ -10,6 +10,7 @@ from waltz_coord_etcd.backend import EtcdBackend
 from waltz_core.config import CoordinationConfig
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.base import CoordinationBackend
+from waltz_core.runtime import Runtime
 from waltz_core.testing.conformance.coordination import CoordinationConformance
 from waltz_core.testing.servers import EtcdServer
 
@@ -18,12 +19,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]  # a hang fails
 
 class TestEtcdConformance(CoordinationConformance):
     @pytest.fixture
-    async def backend_factory(self, etcd_server: EtcdServer) -> AsyncIterator:
+    async def backend_factory(self, etcd_server: EtcdServer, runtime: Runtime) -> AsyncIterator:
         made: list[CoordinationBackend] = []
 
         async def make() -> CoordinationBackend:
             config = CoordinationConfig(name="etcd", connect=etcd_server.endpoints, session_timeout=3.0)
-            backend = open_coordination(config)
+            backend = open_coordination(config, runtime.registries)
             await backend.start()
             made.append(backend)
             return backend

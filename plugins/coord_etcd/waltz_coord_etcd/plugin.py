@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from waltz_core import hookimpl
 from waltz_core.config import CoordinationConfig
+from waltz_core.registry import CoordinationFactory, Registry
 
 from .options import EtcdOptions
 
+if TYPE_CHECKING:
+    from .backend import EtcdBackend
 
-def etcd_factory(config: CoordinationConfig, options: EtcdOptions | None) -> Any:
+
+def etcd_factory(config: CoordinationConfig, options: EtcdOptions | None) -> EtcdBackend:
     """A not yet started :class:`~waltz_coord_etcd.backend.EtcdBackend` for ``config``.
 
     Imports grpc/pyetcd only here, so ``waltz --help`` and plugin listing stay fast.
@@ -21,6 +25,6 @@ def etcd_factory(config: CoordinationConfig, options: EtcdOptions | None) -> Any
 
 
 @hookimpl
-def waltz_register_coordination_backends(registry: Any) -> None:
+def waltz_register_coordination_backends(registry: Registry[CoordinationFactory]) -> None:
     registry.add("etcd", etcd_factory, config_cls=EtcdOptions,
                  description="etcd v3 via etcd-sdk-python: leases, mod_revision CAS, multi-endpoint failover")

@@ -15,16 +15,20 @@ from waltz_coord_zookeeper.options import ZooKeeperOptions, parse_acl_entry
 from waltz_core.config import CoordinationConfig, build
 from waltz_core.coordination import open_coordination, recipes
 from waltz_core.errors import ConfigError, CoordinationError, NodeExistsError
-from waltz_core.plugins import default_registries
+from waltz_core.runtime import Runtime
 from waltz_core.testing.servers import ZooKeeperServer, free_port
+
+#: every backend of these tests is built by name, as a Waltz process builds it
+REGISTRIES = Runtime.load().registries
+
 
 
 def test_registered_under_zookeeper_with_its_options_class() -> None:
-    info = default_registries().resolve("coordination", "zookeeper")
+    info = REGISTRIES.resolve("coordination", "zookeeper")
     assert info.config_cls is ZooKeeperOptions
     backend = open_coordination(build(CoordinationConfig, {
         "name": "zookeeper", "connect": "127.0.0.1:1", "session_timeout": 5,
-        "zookeeper": {"auth_scheme": "digest", "auth_credentials": "u:p"}}))
+        "zookeeper": {"auth_scheme": "digest", "auth_credentials": "u:p"}}), REGISTRIES)
     assert isinstance(backend, ZooKeeperBackend)
     assert backend.session_timeout == 5.0 and backend.options.auth_credentials == "u:p"
 
@@ -37,7 +41,7 @@ def test_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="'x' is not one of cdrwa"):
         ZooKeeperOptions(acl=["world:anyone:rx"])
     with pytest.raises(ConfigError, match="unknown key"):
-        open_coordination(build(CoordinationConfig, {"name": "zookeeper", "zookeeper": {"nope": 1}}))
+        open_coordination(build(CoordinationConfig, {"name": "zookeeper", "zookeeper": {"nope": 1}}), REGISTRIES)
     entry = parse_acl_entry("digest:alice:abc/def=:rwa")
     assert (entry.scheme, entry.id, entry.perms) == ("digest", "alice:abc/def=", 1 | 2 | 16)
 

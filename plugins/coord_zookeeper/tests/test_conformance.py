@@ -12,6 +12,7 @@ from waltz_coord_zookeeper.backend import ZooKeeperBackend
 from waltz_core.config import CoordinationConfig
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.base import CoordinationBackend
+from waltz_core.runtime import Runtime
 from waltz_core.testing.conformance.coordination import CoordinationConformance
 from waltz_core.testing.servers import ZooKeeperServer
 
@@ -32,12 +33,12 @@ def expire_zookeeper_session(backend: ZooKeeperBackend, connect: str) -> None:
 
 class TestZooKeeperConformance(CoordinationConformance):
     @pytest.fixture
-    async def backend_factory(self, zookeeper_server: ZooKeeperServer) -> AsyncIterator:
+    async def backend_factory(self, zookeeper_server: ZooKeeperServer, runtime: Runtime) -> AsyncIterator:
         made: list[CoordinationBackend] = []
 
         async def make() -> CoordinationBackend:
             config = CoordinationConfig(name="zookeeper", connect=zookeeper_server.connect_string, session_timeout=4.0)
-            backend = open_coordination(config)
+            backend = open_coordination(config, runtime.registries)
             await backend.start()
             made.append(backend)
             return backend

@@ -12,6 +12,7 @@ import pytest
 
 from waltz_core.config import TransportConfig, backend_options
 from waltz_core.errors import ConfigError, ConnectError, ConnectionClosedError
+from waltz_core.runtime import Runtime
 from waltz_core.transport import Connection, open_transport
 from waltz_transport_tcp import TcpConnection, TcpOptions, TcpTransport
 from waltz_transport_tcp.transport import parse_address
@@ -46,7 +47,7 @@ def test_invalid_options_name_the_key(table: dict[str, Any], words: str) -> None
 
 def test_open_transport_builds_tcp_with_config() -> None:
     transport = open_transport(TransportConfig(name="tcp", max_frame_size=1234, connect_timeout=2.5,
-                                               options={"tcp": {"idle_timeout": 7.0}}))
+                                               options={"tcp": {"idle_timeout": 7.0}}), Runtime.load().registries)
     assert isinstance(transport, TcpTransport)
     assert (transport.max_frame_size, transport.connect_timeout, transport.options.idle_timeout) == (1234, 2.5, 7.0)
 

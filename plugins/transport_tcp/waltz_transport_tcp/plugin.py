@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from waltz_core.config import TransportConfig
 from waltz_core.hookspecs import hookimpl
+from waltz_core.registry import Registry, TransportFactory
 
 from .options import TcpOptions
 from .transport import TcpTransport
@@ -20,7 +20,7 @@ def tcp_factory(config: TransportConfig, options: TcpOptions | None) -> TcpTrans
 
 
 @hookimpl
-def waltz_register_transports(registry: Any) -> None:
+def waltz_register_transports(registry: Registry[TransportFactory]) -> None:
     registry.add(
         "tcp",
         tcp_factory,

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from waltz_core.hookspecs import hookimpl
+from waltz_core.registry import Registry, TransportFactory
 
 from .options import ZmqOptions
 from .transport import zmq_factory
 
 
 @hookimpl
-def waltz_register_transports(registry: Any) -> None:
+def waltz_register_transports(registry: Registry[TransportFactory]) -> None:
     registry.add(
         "zmq",
         zmq_factory,

@@ -43,6 +43,9 @@ Fixture contract (stable; backends depend on it):
     the lease expired.
 
 Optional overrides: ``event_timeout`` (seconds to wait for an asynchronous event, default 20).
+A ``backend_factory`` that builds backends by name, as a Waltz process does, takes the kit's
+``runtime`` fixture (:class:`~waltz_core.testing.conformance.KitRuntime`) and calls
+``open_coordination(config, runtime.registries)``.
 
 Each test works under its own fresh root (fixture ``root``) and deletes it at the end, so one
 server can serve the whole kit.
@@ -67,6 +70,8 @@ from ...errors import (
     NodeExistsError,
     NoNodeError,
 )
+from ...runtime import Runtime
+from . import KitRuntime
 
 BackendFactory = Callable[[], Awaitable[CoordinationBackend]]
 
@@ -109,7 +114,7 @@ class _Counter:
         await eventually(lambda: self.calls > calls, timeout, f"watch callback beyond {calls} calls")
 
 
-class CoordinationConformance:
+class CoordinationConformance(KitRuntime):
     """The shared tests. Subclass it and provide ``backend_factory`` and ``expire_session``."""
 
     event_timeout: float = 20.0
@@ -627,21 +632,25 @@ async def _cas_until(store: Any, partition: int, stop: asyncio.Event, done: list
             await asyncio.sleep(0.05)  # a lost race or the service electing: re-read and retry
 
 
-async def leader_kill_scenario(config: CoordinationConfig, ensemble: ServerEnsemble) -> float:
+async def leader_kill_scenario(config: CoordinationConfig, ensemble: ServerEnsemble,
+                               runtime: Runtime | None = None) -> float:
     """SIGKILL the leader of ``ensemble`` in the middle of recipe operations.
 
     Partition metadata CAS updates and the cluster manager must keep working once a new leader is
     elected, and every committed update must survive (the final generation equals the number of
     CAS updates that reported success). Returns the seconds from the kill to the first CAS commit.
+    The backends are built by name in ``runtime``'s registries (default: a runtime of the installed
+    plugins, ``Runtime.load()``).
     """
     import time
 
     from ...coordination import open_coordination, recipes
 
     backends: list[CoordinationBackend] = []
+    registries = (runtime or Runtime.load()).registries
 
     async def make() -> CoordinationBackend:
-        backend = open_coordination(config)
+        backend = open_coordination(config, registries)
         await backend.start()
         backends.append(backend)
         return backend

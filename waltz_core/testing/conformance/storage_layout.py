@@ -9,10 +9,13 @@ Subclass :class:`StorageLayoutConformance` in the layout's tests (the fsspec mod
         node_config = {"segment_size_threshold": 700}     # small: the kit's logs are small
         capabilities = frozenset({"crash-points", "torn-tail"})
 
-Layouts are built through the registry, as a storage node builds them
-(``factory(directory, StorageNodeConfig(directory=..., **node_config))``), so the kit also proves
-the registration. Fixture contract:
+Layouts are built through the registry of the kit's ``runtime`` fixture, as a storage node builds
+them (``factory(StorageNodeConfig(directory=..., layout=..., **node_config), options)``), so the kit
+also proves the registration. A layout that is not installed is registered with
+``extra_plugins = [my_plugin]`` (:class:`~waltz_core.testing.conformance.KitRuntime`). Fixture contract:
 
+``runtime`` (class scope; default: built-ins, installed entry points and ``extra_plugins``)
+    The :class:`~waltz_core.runtime.Runtime` whose registries the layout is resolved in.
 ``layout_factory`` (function scope; default: :meth:`StorageLayoutConformance.build_layout`)
     ``make(directory) -> StorageLayout``: a new, unopened layout on ``directory``. Layouts made on
     one directory share what it stores: making another one is a restart. Override it to release
@@ -78,10 +81,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ...config import StorageNodeConfig
 from ...errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
-from ...plugins import default_registries
 from ...protocol.wire import Record, RecordBatch, RecordHeader, ReqId
+from ...runtime import Runtime
+from ...storage import open_layout
 from ...storage.format import PartitionInfo
 from ...storage.layout import PartitionStore, Repair, StorageLayout
+from . import KitRuntime
 
 LayoutFactory = Callable[[Path], StorageLayout]
 
@@ -439,7 +444,7 @@ def crash_scenario() -> list[CrashOp]:
 # ------------------------------------------------------------------------------------ the kit
 
 
-class StorageLayoutConformance:
+class StorageLayoutConformance(KitRuntime):
     """Behaviour every storage layout must show. Subclass it and set ``layout_name``."""
 
     layout_name: ClassVar[str]
@@ -470,18 +475,17 @@ class StorageLayoutConformance:
         cls.not_applicable = MappingProxyType(dropped)
 
     # ------------------------------------------------------------------------ fixtures, hooks
-    def build_layout(self, directory: Path) -> StorageLayout:
-        """An unopened layout on ``directory``, built through the registry as a storage node does."""
-        info = default_registries().resolve("storage_layout", self.layout_name)
+    def build_layout(self, runtime: Runtime, directory: Path) -> StorageLayout:
+        """An unopened layout on ``directory``, built through ``runtime``'s registry as a storage node does."""
         config = StorageNodeConfig(directory=str(directory), layout=self.layout_name, **self.node_config)
-        return info.factory(str(directory), config)  # type: ignore[no-any-return]
+        return open_layout(config, runtime.registries)
 
     @pytest.fixture
-    def layout_factory(self) -> Iterator[LayoutFactory]:
+    def layout_factory(self, runtime: Runtime) -> Iterator[LayoutFactory]:
         made: list[StorageLayout] = []
 
         def make(directory: Path) -> StorageLayout:
-            layout = self.build_layout(directory)
+            layout = self.build_layout(runtime, directory)
             made.append(layout)
             return layout
 
@@ -530,9 +534,10 @@ class StorageLayoutConformance:
         return records
 
     # ---------------------------------------------------------------------------- registration
-    def test_registered_through_the_hook(self, layout_factory: LayoutFactory, directory: Path) -> None:
+    def test_registered_through_the_hook(self, layout_factory: LayoutFactory, directory: Path,
+                                         runtime: Runtime) -> None:
         """Found by name in the registry; what its factory builds implements the protocols."""
-        assert self.layout_name in default_registries().storage_layout.names()
+        assert self.layout_name in runtime.registries.storage_layout.names()
         layout = layout_factory(directory)
         assert isinstance(layout, StorageLayout)
         assert layout.directory == str(directory)

@@ -13,7 +13,8 @@ Use it from a plugin's tests (pytest-asyncio in auto mode)::
         def transport_options(self):
             return {"heartbeat_interval": 0.1, "idle_timeout": 0.6}
 
-By default transports are built through the registry (``load_registries(get_plugin_manager())``)
+By default transports are built through the registry of the kit's ``runtime`` fixture (built-ins,
+installed entry points and ``extra_plugins``, see :class:`~waltz_core.testing.conformance.KitRuntime`)
 from ``TransportConfig(name=backend_name, max_frame_size=..., options={name: transport_options})``,
 so the kit also proves that the entry point and the options class work. A subclass may instead
 override the ``transport_factory`` fixture (a callable ``max_frame_size -> Transport``) or the
@@ -45,8 +46,9 @@ import pytest
 
 from ...config import TransportConfig, backend_options
 from ...errors import ConnectError, ConnectionClosedError, FrameTooLargeError, PeerTimeoutError, ProtocolError
-from ...plugins import get_plugin_manager, load_registries
+from ...runtime import Runtime
 from ...transport.base import Connection, ConnectionHandler, Listener, Transport
+from . import KitRuntime
 
 #: Upper bound for any single wait in the kit; a correct transport finishes far below it.
 STEP_TIMEOUT = 20.0
@@ -109,7 +111,7 @@ def requires_capability(name: str) -> Callable[[Callable[..., Any]], Callable[..
     return mark
 
 
-class TransportConformance:
+class TransportConformance(KitRuntime):
     """Behaviour every transport must show. Subclass it and set ``backend_name``.
 
     Override ``transport_options`` (the ``[transport.<name>]`` table), ``capabilities`` and,
@@ -139,9 +141,10 @@ class TransportConformance:
         return {}
 
     @pytest.fixture
-    async def transport_factory(self, transport_options: dict[str, Any]) -> AsyncIterator[TransportFactory]:
+    async def transport_factory(self, transport_options: dict[str, Any],
+                                runtime: Runtime) -> AsyncIterator[TransportFactory]:
         """``make(max_frame_size=None) -> Transport`` built through the registry; all closed afterwards."""
-        info = load_registries(get_plugin_manager()).resolve("transport", self.backend_name)
+        info = runtime.registries.resolve("transport", self.backend_name)
         made: list[Transport] = []
 
         def make(max_frame_size: int | None = None) -> Transport:
@@ -193,9 +196,9 @@ class TransportConformance:
         await client.close()
 
     # ---------------------------------------------------------------------------- registration
-    def test_registered_via_entry_point(self) -> None:
+    def test_registered_via_entry_point(self, runtime: Runtime) -> None:
         """The backend is found through the plugin manager, with an attrs options class or none."""
-        registries = load_registries(get_plugin_manager())
+        registries = runtime.registries
         assert self.backend_name in registries.transport.names()
         info = registries.resolve("transport", self.backend_name)
         if info.config_cls is not None:

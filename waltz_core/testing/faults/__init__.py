@@ -2,7 +2,7 @@
 
 * :mod:`.proxy` - :class:`FaultProxy` / :class:`ThreadedFaultProxy` (cut, reset, delay, one-way drop);
 * :mod:`.process` - :class:`ClusterProcesses` (SIGKILL, SIGSTOP/SIGCONT, restart, isolate) over
-  a :class:`~waltz_core.local_cluster.ProcessCluster` and its ZooKeeper/etcd launcher;
+  a :class:`~waltz_core.app.local_cluster.ProcessCluster` and its ZooKeeper/etcd launcher;
 * :mod:`.netns` - :class:`HostNetwork`: every process on a host of its own (network namespaces on
   a private switch, 198.18.0.0/15); a host vanishes without a reset (packets dropped);
 * :mod:`.disk` - the fsync journal and :func:`crash_lose_unsynced` (lost/torn/garbled unsynced

@@ -7,8 +7,9 @@ offline): a process started with ``WALTZ_TEST_SYNC_JOURNAL=<file>`` (and this pa
 file's size at its last durable sync. After the process is killed, :func:`crash_lose_unsynced`
 plays the power loss: every journaled file loses, truncates or garbles whatever lies past its
 last synced size. Files never synced are left alone (the conservative choice: a false alarm
-would be worse than a missed one). A storage node that skips ``fdatasync``
-(``WALTZ_UNSAFE_NO_FSYNC=1``) then loses acknowledged records, which the checker must catch.
+would be worse than a missed one). A storage node that skips ``fdatasync`` (the layout
+``unsafe-no-fsync`` of the negative control :mod:`waltz_core.testing.sabotage`) then loses
+acknowledged records, which the checker must catch.
 
 **Bit flips** (:func:`flip_bits`): flip ``count`` random bits (or one bit at a fixed offset) of a
 segment (``.seq``), index (``.idx``) or control file, offline.

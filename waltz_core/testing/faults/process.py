@@ -1,4 +1,4 @@
-"""Process faults over a :class:`~waltz_core.local_cluster.ProcessCluster` and a coordination server.
+"""Process faults over a :class:`~waltz_core.app.local_cluster.ProcessCluster` and a coordination server.
 
 :class:`ClusterProcesses` names every process of a cluster as ``storage-N``, ``server-N`` or
 ``coordination-N`` and can SIGKILL, SIGSTOP/SIGCONT and restart each, and, when every process
@@ -17,7 +17,7 @@ import subprocess
 import time
 from typing import Any
 
-from ...local_cluster import ProcessCluster
+from ...app.local_cluster import ProcessCluster
 from .netns import HostNetwork
 
 

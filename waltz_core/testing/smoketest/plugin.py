@@ -57,9 +57,10 @@ def smoketest_command(duration: float, min_faults: int, clients: int, partitions
 
     if hosts == "netns" and not netns_available():
         raise click.UsageError("--hosts netns needs root and iproute2's `ip` (it creates network namespaces)")
-    from ...plugins import default_registries
+    from ...cli.context import current_runtime
 
-    default_registries().resolve("coordination", coordination)  # any installed backend; a clear error otherwise
+    # any installed backend; a clear error otherwise
+    current_runtime().registries.resolve("coordination", coordination)
     if coordination not in SELF_STARTED_COORDINATION and not connect:
         raise click.UsageError(f"--coordination {coordination} needs --connect: the smoke test starts only local, "
                                f"ZooKeeper and etcd coordination itself")

@@ -37,9 +37,9 @@ from typing import Any
 
 import attrs
 
+from ...app.local_cluster import ClusterSpec, ProcessCluster
 from ...config import CoordinationConfig
 from ...coordination import open_coordination
-from ...local_cluster import ClusterSpec, ProcessCluster
 from ...storage.client import StorageAdminClient
 from ...transport import open_transport
 from ..checker import BankModel, LogEntry, Verdict, check
@@ -284,7 +284,7 @@ def commit_stalls(history: History, windows: list[tuple[str, float, float]]) -> 
 
 async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: dict[int, int], timeout: float) -> None:
     """Poll every storage's admin port until it holds each partition's committed high-water mark."""
-    transport = open_transport(spec.transport_config)
+    transport = open_transport(spec.transport_config, spec.runtime.registries)
     try:
         deadline = time.monotonic() + timeout
         for i in range(spec.num_storages):
@@ -399,8 +399,8 @@ async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None
 async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses, proxies: list[ThreadedFaultProxy],
                  history: HistoryWriter, progress: ProgressHook | None, cluster_hook: Any) -> dict[str, Any]:
     assert spec.coordination is not None
-    transport = open_transport(spec.transport_config)
-    backend = open_coordination(spec.coordination)
+    transport = open_transport(spec.transport_config, spec.runtime.registries)
+    backend = open_coordination(spec.coordination, spec.runtime.registries)
     await backend.start()
     rng = random.Random(opts.seed)
     ops = itertools.count(1)
