@@ -117,9 +117,9 @@ async def test_server_restart_under_load_loses_no_acknowledged_transaction(clust
 async def test_a_slow_application_holds_the_feed_back_without_losing_or_reordering(cluster, apps, monkeypatch) -> None:
     """The per-partition feed queue is bounded: while apply_transaction is stuck, the stream reader
     stops at the bound (back pressure to the server); once it resumes every record arrives, in order."""
-    from waltz_core.client import core
+    from waltz_core.client import partition
 
-    monkeypatch.setattr(core, "FEED_QUEUE", 8)
+    monkeypatch.setattr(partition, "FEED_QUEUE", 8)
     config = cluster.spec.client_config()
     writer = apps.AsyncCounterApp()
     async with AsyncWaltzClient(writer, config) as client:
@@ -142,16 +142,16 @@ async def test_a_slow_application_holds_the_feed_back_without_losing_or_reorderi
     async with reader:
         feed = reader._partitions[0].feed
         for _ in range(200):  # the feed of 60 arrives; the reader must stop at the bound
-            if len(feed) >= core.FEED_QUEUE:
+            if len(feed) >= partition.FEED_QUEUE:
                 break
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)  # time for an unbounded reader to go past the bound
         queued = len(feed)
-        assert 1 <= queued <= core.FEED_QUEUE
+        assert 1 <= queued <= partition.FEED_QUEUE
         gate.set()
         for _ in range(200):  # flush() covers only what was received; the rest is still arriving
             if len(seen) == 60:
                 break
             await asyncio.sleep(0.05)
     assert seen == list(range(60))
-    assert longest <= core.FEED_QUEUE
+    assert longest <= partition.FEED_QUEUE

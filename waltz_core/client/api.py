@@ -6,7 +6,7 @@
   high-water mark snapshot taken *before* ``execute`` (the optimistic-lock read version);
 * :class:`WaltzClientCallbacks` - the application's side of the feed;
 * :class:`Transaction` - one committed transaction as ``apply_transaction`` sees it, data
-  fetched lazily by RPC;
+  fetched lazily by RPC through its :class:`TransactionDataSource` (the client's read-ahead);
 * :class:`Serializer` - bytes <-> application objects.
 
 Threading rules (also in the client docstrings): with :class:`~waltz_core.client.AsyncWaltzClient`
@@ -18,18 +18,13 @@ partition run on that partition's consumer thread, ``execute`` runs on the threa
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Awaitable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..errors import ClientError
 from ..locks.lock_id import PartitionLocalLock
 from ..protocol.wire import ReqId, crc32
-
-if TYPE_CHECKING:
-    from .core import AsyncWaltzClient
 
 T = TypeVar("T")
 
@@ -244,6 +239,22 @@ class WaltzClientCallbacks:
         """Default: nothing (the client logs the exception)."""
 
 
+class TransactionDataSource(Protocol):
+    """Where a :class:`Transaction` gets its data (the client's :class:`~.readahead.DataReader`)."""
+
+    def take(self, partition_id: int, transaction_id: int) -> bytes | None:
+        """The data if it is at hand already (any thread, never blocks), else None."""
+        ...
+
+    async def read(self, partition_id: int, transaction_id: int) -> bytes:
+        """The data, fetched if needed (on the client's event loop)."""
+        ...
+
+    def read_blocking(self, partition_id: int, transaction_id: int) -> bytes:
+        """The data, from a thread other than the client's event loop (ClientError there)."""
+        ...
+
+
 class Transaction:
     """A committed transaction handed to ``apply_transaction``.
 
@@ -260,15 +271,15 @@ class Transaction:
     transaction per RPC.
     """
 
-    __slots__ = ("partition_id", "transaction_id", "header", "req_id", "_client", "_data")
+    __slots__ = ("partition_id", "transaction_id", "header", "req_id", "_source", "_data")
 
     def __init__(self, partition_id: int, transaction_id: int, header: int, req_id: ReqId,
-                 client: AsyncWaltzClient | None) -> None:
+                 source: TransactionDataSource | None) -> None:
         self.partition_id = partition_id
         self.transaction_id = transaction_id
         self.header = header
         self.req_id = req_id
-        self._client = client
+        self._source = source
         self._data: bytes | None = None
 
     def __repr__(self) -> str:
@@ -277,38 +288,22 @@ class Transaction:
     async def fetch_data(self, serializer: Serializer[Any] | None = None) -> Any:
         """The data, deserialized (raw bytes without a serializer). Runs on the client's loop."""
         if self._data is None:
-            client = self._client
-            if client is None:
+            source = self._source
+            if source is None:
                 raise ClientError("this transaction is not bound to a client")
-            reader = client._data_reader
-            data = reader.take(self.partition_id, self.transaction_id)  # read ahead already: no coroutine
+            data = source.take(self.partition_id, self.transaction_id)  # read ahead already: no coroutine
             if data is None:
-                data = await reader.read(self.partition_id, self.transaction_id)
+                data = await source.read(self.partition_id, self.transaction_id)
             self._data = data
         return self._data if serializer is None else serializer.deserialize(self._data)
 
     def get_data(self, serializer: Serializer[Any] | None = None) -> Any:
         """Blocking variant of :meth:`fetch_data`, for threads other than the client's loop."""
         if self._data is None:
-            client = self._client
-            if client is None:
+            source = self._source
+            if source is None:
                 raise ClientError("this transaction is not bound to a client")
-            loop = client._loop
-            if loop is None:
-                raise ClientError("the client is not running")
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop or threading.get_ident() == client._loop_thread_id:
-                raise ClientError("Transaction.get_data() would block the client's event loop: "
-                                  "use 'await transaction.fetch_data()' there")
-            reader = client._data_reader
-            data = reader.take(self.partition_id, self.transaction_id)  # read ahead already: no hop to the loop
-            if data is None:
-                data = asyncio.run_coroutine_threadsafe(reader.read(self.partition_id, self.transaction_id),
-                                                        loop).result()
-            self._data = data
+            self._data = source.read_blocking(self.partition_id, self.transaction_id)
         return self._data if serializer is None else serializer.deserialize(self._data)
 
 
@@ -324,5 +319,5 @@ class DataTransaction(Transaction):
 
 __all__: Sequence[str] = [
     "BYTES", "BytesSerializer", "DataTransaction", "JsonSerializer", "Serializer", "Transaction",
-    "TransactionBuilder", "TransactionContext", "Utf8Serializer", "WaltzClientCallbacks",
+    "TransactionBuilder", "TransactionContext", "TransactionDataSource", "Utf8Serializer", "WaltzClientCallbacks",
 ]

@@ -42,7 +42,7 @@ class Discovery(Protocol):
 class CoordinationDiscovery:
     """Discovery through the coordination backend (``local``, ``zookeeper``, ``etcd``, a plugin's)."""
 
-    def __init__(self, config: CoordinationConfig, registries: Registries | None = None) -> None:
+    def __init__(self, config: CoordinationConfig, registries: Registries) -> None:
         self._config = config
         self._registries = registries
         self._backend: CoordinationBackend | None = None

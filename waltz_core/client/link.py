@@ -9,11 +9,15 @@ closed and a new one (a higher sequence number) connects and re-mounts its parti
 are *posted* (never awaited) and written by one writer task, so the order in which the event
 loop posts them is the order the server reads them; posts while disconnected are dropped (the
 appends among them fail at the next mount).
+
+:class:`Links` holds one client's links, one per server endpoint, created on first use: the
+stream side for the partitions bound to that server, the RPC side for anyone asking.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +31,10 @@ from ..transport.base import Transport
 
 log = logging.getLogger("waltz.client.link")
 
+#: ``on_feed(link, (client id, generation, partition id, seq num, transaction id, header))``: one
+#: feed record; returns an awaitable when the reader must wait (the partition's feed queue is full)
+FeedHandler = Callable[["ServerLink", tuple[int, int, int, int, int, int]], Awaitable[None] | None]
+
 
 class ServerLink:
     """Stream + RPC connections to one server endpoint. Runs on the client's event loop."""
@@ -35,7 +43,7 @@ class ServerLink:
                  reconnect_delay: float, next_net_seq: Callable[[], int],
                  on_connected: Callable[[ServerLink], None],
                  on_message: Callable[[ServerLink, Any], Awaitable[None]],
-                 on_feed: Callable[[ServerLink, tuple[int, int, int, int, int, int]], Awaitable[None] | None],
+                 on_feed: FeedHandler,
                  on_lost: Callable[[ServerLink], None]) -> None:
         self.endpoint = endpoint
         self.partitions: set[int] = set()
@@ -231,3 +239,46 @@ class ServerLink:
         for fut in self._rpc_waiters.values():
             if not fut.done():
                 fut.set_exception(ClientClosedError("the client is closed"))
+
+
+class Links:
+    """The :class:`ServerLink` of each server endpoint of one client, created on first use.
+
+    Every stream of every link reports to the same handlers (the client's stream side); network
+    client sequence numbers come from one counter, so a newer stream always has a higher one.
+    """
+
+    def __init__(self, transport: Transport, role: str, *, connect_timeout: float, reconnect_delay: float,
+                 on_connected: Callable[[ServerLink], None],
+                 on_message: Callable[[ServerLink, Any], Awaitable[None]],
+                 on_feed: FeedHandler, on_lost: Callable[[ServerLink], None]) -> None:
+        self._transport = transport
+        self._role = role
+        self._connect_timeout = connect_timeout
+        self._reconnect_delay = reconnect_delay
+        self._on_connected = on_connected
+        self._on_message = on_message
+        self._on_feed = on_feed
+        self._on_lost = on_lost
+        self._net_seq = itertools.count(1)
+        self._links: dict[str, ServerLink] = {}
+
+    def get(self, endpoint: str) -> ServerLink:
+        """The link to ``endpoint`` (made, not yet connected, on first use)."""
+        link = self._links.get(endpoint)
+        if link is None:
+            link = self._links[endpoint] = ServerLink(
+                endpoint, self._transport, self._role, connect_timeout=self._connect_timeout,
+                reconnect_delay=self._reconnect_delay, next_net_seq=self._next_net_seq,
+                on_connected=self._on_connected, on_message=self._on_message, on_feed=self._on_feed,
+                on_lost=self._on_lost)
+        return link
+
+    def _next_net_seq(self) -> int:
+        return next(self._net_seq)
+
+    async def close(self) -> None:
+        links = list(self._links.values())
+        self._links.clear()
+        for link in links:
+            await link.close()

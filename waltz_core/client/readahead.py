@@ -18,6 +18,9 @@ filesystem does for a file read sequentially:
 Read-ahead never goes beyond the last transaction this client received in the partition's feed
 (it is committed), so a reader at the head of the log costs no extra RPCs. A server that speaks
 only protocol version 1 gets one ``TransactionDataRequest`` per transaction, ranges included.
+The RPCs themselves, their retries and checksum checks are :mod:`.rpc`'s.
+
+:class:`DataReader` is the :class:`~.api.TransactionDataSource` of the client's transactions.
 
 Threading: fetching runs on the client's event loop. :meth:`DataReader.take` (a window hit) is
 also called by ``Transaction.get_data`` on the sync client's consumer threads, so what it reads
@@ -29,16 +32,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING
 
-from ..errors import ChecksumError, ClientError, ClientTimeoutError, TransportError
-from ..protocol import client as m
-from ..protocol.client import DATA_RANGE_VERSION
-from ..protocol.wire import crc32
+from ..errors import ClientError
+from ..protocol.session import SessionState
+from .rpc import verified
 
 if TYPE_CHECKING:
-    from .core import AsyncWaltzClient
+    from .context import ClientContext
+    from .rpc import Rpc
 
 log = logging.getLogger("waltz.client")
 
@@ -85,11 +87,12 @@ class _Window:
 
 
 class DataReader:
-    """Transaction data fetches of one :class:`~.core.AsyncWaltzClient` (ranges, read-ahead)."""
+    """Transaction data fetches of one client (ranges, read-ahead)."""
 
-    def __init__(self, client: AsyncWaltzClient) -> None:
-        self._client = client
-        cfg = client.config
+    def __init__(self, ctx: ClientContext, rpc: Rpc) -> None:
+        self._ctx = ctx
+        self._rpc = rpc
+        cfg = ctx.config
         self._max_window = max(0, cfg.client.data_read_ahead)
         self._max_bytes = max(1, min(READ_AHEAD_MAX_BYTES, cfg.transport.max_frame_size // 4))
         self._windows: dict[int, _Window] = {}  # created on the loop; read from any thread
@@ -119,12 +122,30 @@ class DataReader:
             if ahead:
                 window.marker = _NEVER
         if ahead:
-            client = self._client
-            loop = client._loop
-            if threading.get_ident() == client._loop_thread_id:
+            ctx = self._ctx
+            loop = ctx.loop
+            if ctx.on_loop_thread():
                 self._read_ahead(partition_id, window)
-            elif loop is not None and not client._closed:
+            elif loop is not None and not ctx.closed:
                 loop.call_soon_threadsafe(self._read_ahead, partition_id, window)
+        return data
+
+    def read_blocking(self, partition_id: int, transaction_id: int) -> bytes:
+        """:meth:`read` from a thread other than the client's loop (``Transaction.get_data``)."""
+        ctx = self._ctx
+        loop = ctx.loop
+        if loop is None:
+            raise ClientError("the client is not running")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop or ctx.on_loop_thread():
+            raise ClientError("Transaction.get_data() would block the client's event loop: "
+                              "use 'await transaction.fetch_data()' there")
+        data = self.take(partition_id, transaction_id)  # read ahead already: no hop to the loop
+        if data is None:
+            data = asyncio.run_coroutine_threadsafe(self.read(partition_id, transaction_id), loop).result()
         return data
 
     async def read(self, partition_id: int, transaction_id: int) -> bytes:
@@ -156,13 +177,13 @@ class DataReader:
                 window.base = transaction_id + 1
                 window.marker = _NEVER
         if not sequential:
-            return await self._client._fetch_data(partition_id, transaction_id)
+            return (await self._rpc.fetch_data(partition_id, transaction_id, 1, 1))[0]
         count = max(1, self._committed_count(partition_id, transaction_id, size))
         loop = asyncio.get_running_loop()
         window.pending = done = loop.create_future()
         window.pending_first, window.pending_end = transaction_id, transaction_id + count
         try:
-            data_list = await self.fetch_range_once(partition_id, transaction_id, count, self._max_bytes)
+            data_list = await self._rpc.fetch_data(partition_id, transaction_id, count, self._max_bytes)
             window.store(transaction_id, data_list)
         finally:
             if window.pending is done:
@@ -173,15 +194,15 @@ class DataReader:
     def _committed_count(self, partition_id: int, first: int, wanted: int) -> int:
         """``wanted``, capped at the last transaction received in the feed (known committed) when
         this client mounts the partition: a reader at the head of the log asks for nothing more."""
-        p = self._client._partitions.get(partition_id)
-        if p is None or p.state == "inactive":
+        p = self._ctx.partitions.get(partition_id)
+        if p is None or p.state is SessionState.INACTIVE:
             return wanted
-        return min(wanted, p.received - first + 1)
+        return min(wanted, p.session.received - first + 1)
 
     def _read_ahead(self, partition_id: int, window: _Window) -> None:
         """Start fetching the range after the window (event loop), unless one is in flight."""
-        client = self._client
-        if window.pending is not None or client._closed or self._windows.get(partition_id) is not window:
+        ctx = self._ctx
+        if window.pending is not None or ctx.closed or self._windows.get(partition_id) is not window:
             return
         with window.lock:
             if window.size == 0:
@@ -192,23 +213,23 @@ class DataReader:
         count = self._committed_count(partition_id, first, size)
         if count < 1:
             return
-        assert client._loop is not None
-        window.pending = done = client._loop.create_future()
+        assert ctx.loop is not None
+        window.pending = done = ctx.loop.create_future()
         window.pending_first, window.pending_end = first, first + count
-        client._spawn(self._read_ahead_task(partition_id, window, first, count, done))
+        ctx.spawn(self._read_ahead_task(partition_id, window, first, count, done))
 
     async def _read_ahead_task(self, partition_id: int, window: _Window, first: int, count: int,
                                done: asyncio.Future[None]) -> None:
         """One attempt, no retries: a failure only means the application's next fetch misses and
         fetches (with retries) itself."""
         try:
-            data, checksums, _ = await self._range_rpc(partition_id, first, count, self._max_bytes)
-            good = _verified(data, checksums)
+            data, checksums, _ = await self._rpc.data_range(partition_id, first, count, self._max_bytes)
+            good = verified(data, checksums)
             if good:
                 window.store(first, list(data[:good]))
         except Exception as exc:  # noqa: BLE001 - whatever failed, the synchronous path takes over
             log.debug("client %d: read-ahead of partition %d from %d failed: %r",
-                      self._client._client_id, partition_id, first, exc)
+                      self._ctx.client_id, partition_id, first, exc)
         finally:
             if window.pending is done:
                 window.pending = None
@@ -219,80 +240,17 @@ class DataReader:
 
     async def fetch_range(self, partition_id: int, first: int, count: int) -> list[bytes]:
         """Data of transactions ``first .. first + count - 1`` (see AsyncWaltzClient.fetch_data_range)."""
-        client = self._client
-        client._check_open()
+        ctx = self._ctx
+        ctx.check_open()
         if count < 0:
             raise ValueError(f"count must not be negative, got {count}")
-        if not 0 <= partition_id < client._num_partitions:
+        if not 0 <= partition_id < ctx.num_partitions:
             raise ClientError(f"no partition {partition_id}")
         if first < 0:
             raise ClientError(f"no transaction {first}: transaction ids start at 0")
         out: list[bytes] = []
         while len(out) < count:
-            out.extend(await self.fetch_range_once(partition_id, first + len(out),
-                                                   min(count - len(out), RANGE_REQUEST_MAX), self._max_bytes))
+            out.extend(await self._rpc.fetch_data(partition_id, first + len(out),
+                                                  min(count - len(out), RANGE_REQUEST_MAX), self._max_bytes))
         del out[count:]
         return out
-
-    async def fetch_range_once(self, partition_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes]:
-        """One range answer, at least transaction ``first``: each CRC checked (the verified prefix
-        is kept; a bad first transaction is fetched again, ``data_fetch_attempts`` attempts), RPC
-        failures retried with backoff 10 ms -> 5 s until ``data_fetch_timeout`` (as _fetch_data)."""
-        client = self._client
-        cfg = client.config.client
-        deadline = time.monotonic() + cfg.data_fetch_timeout
-        backoff = 0.01
-        bad = 0
-        while True:
-            try:
-                data, checksums, error_text = await self._range_rpc(partition_id, first, max_count, max_bytes)
-                if data:
-                    good = _verified(data, checksums)
-                    if good:
-                        return list(data[:good])
-                    bad += 1
-                    log.warning("client %d: transaction %d of partition %d: data checksum mismatch (attempt %d)",
-                                client._client_id, first, partition_id, bad)
-                    if bad >= cfg.data_fetch_attempts:
-                        raise ChecksumError(f"transaction {first} of partition {partition_id}: data checksum "
-                                            f"mismatch in {bad} attempts")
-                    continue
-                error: Exception = ClientError(error_text or "data fetch failed")
-            except (TransportError, TimeoutError, ClientTimeoutError) as exc:
-                error = exc
-            client._check_open()
-            if time.monotonic() > deadline:
-                raise ClientTimeoutError(f"transaction {first} of partition {partition_id}: data not fetched "
-                                         f"within {cfg.data_fetch_timeout}s: {error}") from None
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    async def _range_rpc(self, partition_id: int, first: int, max_count: int, max_bytes: int
-                         ) -> tuple[tuple[bytes, ...], tuple[int, ...], str | None]:
-        """(data, checksums, error) of one range RPC; a single-transaction RPC for one transaction,
-        and to a server that does not speak the range messages (protocol version 1)."""
-        client = self._client
-        client._check_open()
-        owner = client._owners.get(partition_id)
-        if owner is None:
-            raise ClientTimeoutError(f"partition {partition_id} has no server right now")
-        if max_count == 1 or await client._link_for(owner.endpoint).rpc_version() < DATA_RANGE_VERSION:
-            single = await client._rpc(partition_id, lambda q: m.TransactionDataRequest(q, first))
-            if single.data is None:
-                return (), (), single.error
-            return (single.data,), (single.checksum,), None
-        resp = await client._rpc(partition_id, lambda q: m.TransactionDataRangeRequest(q, first, max_count, max_bytes))
-        if resp.first_transaction_id != first:  # never from a correct server; not worth a retry loop
-            raise ClientError(f"partition {partition_id}: asked for data from transaction {first}, "
-                              f"got it from {resp.first_transaction_id}")
-        return resp.data, resp.checksums, resp.error
-
-
-def _verified(data: tuple[bytes, ...], checksums: tuple[int, ...]) -> int:
-    """How many transactions from the start of a range have the data their checksum says."""
-    good = 0
-    for payload, checksum in zip(data, checksums, strict=False):  # a short reply verifies what it has
-        if crc32(payload) != checksum:
-            break
-        good += 1
-    return good

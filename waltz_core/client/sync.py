@@ -5,9 +5,13 @@ one (the mock cluster shares its loop with the clients it serves).
 
 Threading rules:
 
-* ``submit(ctx)`` runs ``ctx.partition_id`` and ``ctx.execute`` on the **calling thread** (as the
-  original); it blocks while the partition is not mounted and while
-  ``client.max_concurrent_transactions`` appends of the partition are in flight (back pressure);
+* ``submit(ctx)`` runs ``ctx.execute`` and the outcome callbacks of that first attempt
+  (``on_exception``, ``on_completion(False)``, ``on_expiration``) on the **calling thread** (as
+  the original); it blocks while the partition is not mounted and while
+  ``client.max_concurrent_transactions`` appends of the partition are in flight (back pressure).
+  The submit itself is the async client's one submit path (:mod:`.sender`) on the loop: the
+  dispatcher hands its application code to the waiting thread (:class:`_Handoff`) and lets the
+  thread go as soon as ``execute`` said yes - the send happens on the loop;
 * re-executions after a failure, ``on_lock_failure``, ``on_expiration``, ``on_exception`` of
   retries and ``on_completion(False)`` of retries run on the **retry threads**
   (``client.num_retry_workers``, named ``waltz-retry``);
@@ -26,29 +30,93 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+import queue
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Self, TypeVar
 
 from ..config import ClientProcessConfig
 from ..errors import ClientError
 from ..metrics import MetricsRegistry
-from ..plugins import Registries
-from .api import TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from .core import AsyncWaltzClient, _call_logged
+from ..runtime import Runtime
+from .api import TransactionContext, WaltzClientCallbacks
+from .core import AsyncWaltzClient
 from .discovery import Discovery
 
 log = logging.getLogger("waltz.client")
 T = TypeVar("T")
 
 
+#: one call handed to a submitting thread: (fn, args, the loop's future for its outcome, final_if_true)
+_Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]", bool]
+
+
+class _Handoff:
+    """Runs the application code of one ``WaltzClient.submit`` on the thread that called it.
+
+    The submit runs on the loop; each :meth:`call` queues a job and waits for its outcome, which
+    the submitting thread, blocked in :meth:`serve`, runs and posts back.
+    """
+
+    __slots__ = ("_loop", "_jobs")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+
+    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...], final_if_true: bool) -> Any:
+        """(Event loop) ``fn(*args)`` on the submitting thread."""
+        waiter: asyncio.Future[Any] = self._loop.create_future()
+        self._jobs.put((fn, args, waiter, final_if_true))
+        return await waiter
+
+    def finish(self) -> None:
+        """(Event loop) The submit is over: the submitting thread stops serving."""
+        self._jobs.put(None)
+
+    def serve(self, submit: concurrent.futures.Future[None]) -> None:
+        """(Submitting thread) Run the submit's jobs until it is over, then return its outcome."""
+        post = self._loop.call_soon_threadsafe
+        while (job := self._jobs.get()) is not None:
+            fn, args, waiter, final_if_true = job
+            try:
+                result = _no_coroutine(fn, *args)
+            except Exception as exc:  # noqa: BLE001 - the application's: its submit on the loop decides
+                post(_settle, waiter, None, exc)
+                continue
+            except BaseException:
+                post(waiter.cancel)  # the submit gives its slot back; this thread raises
+                raise
+            post(_settle, waiter, result, None)
+            if final_if_true and result:
+                submit.add_done_callback(_log_failure)
+                return  # execute said yes: the rest of the submit (the send) happens on the loop
+        submit.result()
+
+
+def _settle(waiter: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if waiter.done():
+        return
+    if exc is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(result)
+
+
+def _log_failure(submit: concurrent.futures.Future[None]) -> None:
+    if not submit.cancelled() and submit.exception() is not None:
+        log.error("WaltzClient.submit failed after execute: %r", submit.exception())
+
+
 class ThreadDispatcher:
-    """Application code on consumer threads (sharded by partition) and retry threads."""
+    """Application code on consumer threads (sharded by partition), retry threads, and the threads
+    blocked in ``WaltzClient.submit``."""
 
     threaded = True
 
     def __init__(self, num_consumers: int, num_retry: int) -> None:
         self.thread_ids: set[int] = set()
+        self._submitters: dict[asyncio.Task[Any], _Handoff] = {}  #: submit tasks -> their waiting thread
         self._consumers = [
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"waltz-consumer-{i}", initializer=self._register)
             for i in range(max(1, num_consumers))
@@ -64,6 +132,24 @@ class ThreadDispatcher:
 
     async def call_retry(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.wrap_future(self._retry.submit(_no_coroutine, fn, *args))
+
+    async def call_submitter(self, fn: Callable[..., Any], *args: Any, final_if_true: bool = False) -> Any:
+        task = asyncio.current_task() if self._submitters else None
+        handoff = self._submitters.get(task) if task is not None else None
+        if handoff is None:  # AsyncWaltzClient.submit called on the loop: the retry side runs it
+            return await self.call_retry(fn, *args)
+        return await handoff.call(fn, args, final_if_true)
+
+    async def submitting(self, handoff: _Handoff, submit: Awaitable[None]) -> None:
+        """(Event loop) Await ``submit`` with its application code handed to ``handoff``'s thread."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._submitters[task] = handoff
+        try:
+            await submit
+        finally:
+            del self._submitters[task]
+            handoff.finish()
 
     def close(self) -> None:
         for pool in (*self._consumers, self._retry):
@@ -87,7 +173,7 @@ class WaltzClient:
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ClientProcessConfig | None = None, *,
-                 discovery: Discovery | None = None, registries: Registries | None = None,
+                 discovery: Discovery | None = None, runtime: Runtime | None = None,
                  loop: asyncio.AbstractEventLoop | None = None, start_timeout: float = 30.0) -> None:
         self.config = config or ClientProcessConfig()
         self._own_loop = loop is None
@@ -99,10 +185,12 @@ class WaltzClient:
         self._loop = loop
         cfg = self.config.client
         self._dispatcher = ThreadDispatcher(cfg.num_consumer_threads, cfg.num_retry_workers)
-        self._core = AsyncWaltzClient(callbacks, self.config, discovery=discovery, registries=registries,
+        self._core = AsyncWaltzClient(callbacks, self.config, discovery=discovery, runtime=runtime,
                                       _dispatcher=self._dispatcher)
         self._closed = False
+        self._loop_thread_id: int | None = None  #: blocking methods refuse to run there (they would wait for themselves)
         try:
+            self._loop_thread_id = asyncio.run_coroutine_threadsafe(_call(threading.get_ident), loop).result(start_timeout)
             self._run(self._core.start(), start_timeout)
         except BaseException:
             self._closed = True
@@ -113,7 +201,7 @@ class WaltzClient:
     # ------------------------------------------------------------------------------ plumbing
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        if threading.get_ident() == self._core._loop_thread_id:
+        if threading.get_ident() == self._loop_thread_id:
             coro.close()
             raise ClientError("a blocking WaltzClient method was called on the client's event loop")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -163,27 +251,12 @@ class WaltzClient:
         If ``execute`` raises, ``on_exception`` is called and the exception re-raised; timeouts
         waiting for the partition to mount raise ClientTimeoutError.
         """
-        core = self._core
-        if context._expired(0):
-            _call_logged(context.on_expiration)
-            return
-        pid = core._partition_of(context)
-        p = self._run(core._acquire(pid, self.config.client.mount_timeout))
-        builder = TransactionBuilder(pid, p.hwm)
-        try:
-            ok = context.execute(builder)
-        except Exception as exc:
-            self._loop.call_soon_threadsafe(p.release_slot)
-            _call_logged(context.on_exception, exc)
-            raise
-        except BaseException:
-            self._loop.call_soon_threadsafe(p.release_slot)
-            raise
-        if not ok:
-            self._loop.call_soon_threadsafe(p.release_slot)
-            _call_logged(context.on_completion, False)
-            return
-        self._loop.call_soon_threadsafe(core._send, p, context, builder, 1)
+        if threading.get_ident() == self._loop_thread_id:
+            raise ClientError("a blocking WaltzClient method was called on the client's event loop")
+        handoff = _Handoff(self._loop)
+        submit = asyncio.run_coroutine_threadsafe(self._dispatcher.submitting(handoff, self._core.submit(context)),
+                                                  self._loop)
+        handoff.serve(submit)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until nothing is pending and everything received is applied (see AsyncWaltzClient.flush)."""

@@ -7,10 +7,13 @@ absolute new balances computed from its own replay of the feed at its high-water
 write locks on both. The feed carries the transfer in the 32-bit header
 (``a << 21 | b << 11 | amt``), so every consumer replays balances without fetching data.
 
-Fates: ``ok`` when the append shows up in the feed, ``fail`` on a ``LockFailure``, ``unknown``
-when no answer came within ``op_timeout`` or the connection broke (it may still commit: the
-checker allows it at most once). The worker speaks the protocol directly (as
-:mod:`waltz_core.testing.probe` does) so request ids, locks and high-water marks are exact.
+Fates are the client library's rules (:class:`~waltz_core.protocol.session.Session`): ``ok``
+when the append shows up in the feed, ``fail`` on a ``LockFailure`` (or when the session decides
+it failed: it can never commit), ``unknown`` when no answer came within ``op_timeout`` or the
+connection broke (it may still commit: the checker allows it at most once; the worker then
+abandons the session's pending appends and mounts again). The worker speaks the protocol
+directly (as :mod:`waltz_core.testing.probe` does) so request ids, locks and high-water marks
+are exact.
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ import random
 import time
 from typing import Any
 
+import attrs
+
 from ...coordination.recipes import read_assignment
 from ...errors import WaltzError
 from ...locks.lock_id import PartitionLocalLock
 from ...protocol import CLIENT
 from ...protocol import client as m
-from ...protocol.wire import ReqId, crc32
+from ...protocol.session import ClientAhead, LockFailed, Mounted, RemountLater, Session, SessionState
+from ...protocol.wire import crc32
+from ...retry import RetryPolicy
 from ...transport import MessageChannel
 from ..checker import LogEntry
 from ..history import FAIL, OK, UNKNOWN, HistoryWriter, req_key
@@ -38,6 +45,9 @@ log = logging.getLogger("waltz.smoketest.workload")
 
 MAX_ACCOUNTS = 1024
 MAX_AMOUNT = 2047
+CONNECT_RETRY = RetryPolicy(initial=0.05, maximum=0.2)  #: between connect attempts (the run's deadline bounds them)
+
+Outcome = tuple[str, "int | None"]  #: (ok / fail / unknown, transaction id)
 
 
 def account_lock(i: int) -> int:
@@ -71,24 +81,18 @@ class PartitionWorker:
         self.feed: list[tuple[str, int]] = []  #: (request key, header) per transaction id, from 0
         self.ahead = False  #: a mount answered CLIENT_AHEAD: this worker stops
         self._ops = ops or itertools.count(1)
-        self._seq = itertools.count(1)
+        self._session: Session[asyncio.Future[Outcome]] = Session(client_id, partition)  # appends carry their outcome
         self._mounts = itertools.count(1)
-        self._generation = -1
         self._channel: MessageChannel | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._pending: dict[str, asyncio.Future[tuple[str, int | None]]] = {}
         self._mounted: asyncio.Future[m.PartitionState] | None = None
-        self._flushed: dict[str, asyncio.Future[int]] = {}
-        self._feed_grew = asyncio.Event()
+        self._progress = asyncio.Event()  #: set by every message the reader handled
 
     @property
     def high_water_mark(self) -> int:
         return len(self.feed) - 1
 
     # ---------------------------------------------------------------------------- connection
-
-    def _req_id(self) -> ReqId:
-        return ReqId(self.client_id, self._generation, self.partition, next(self._seq))
 
     async def _owner(self) -> tuple[str, int] | None:
         assignment, _ = await read_assignment(self.coordination, self.root)
@@ -107,26 +111,35 @@ class PartitionWorker:
             with contextlib.suppress(Exception):
                 await self._channel.close()
             self._channel = None
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_result((UNKNOWN, None))
-        self._pending.clear()
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """The connection is gone: what is pending has an unknown fate (the next mount starts afresh)."""
+        for entry in self._session.abandon():
+            if not entry.item.done():
+                entry.item.set_result((UNKNOWN, None))
+        if self._session.state in (SessionState.MOUNTING, SessionState.READY):
+            self._session.link_lost()
 
     async def connect(self, deadline: float) -> bool:
         """(Re)connect to the partition's owner and mount; False if the deadline passed first."""
-        while time.monotonic() < deadline and not self.ahead:
+        retry = attrs.evolve(CONNECT_RETRY, deadline=max(0.0, deadline - time.monotonic()))
+        for delay in retry.delays():
+            if self.ahead:
+                break
             await self.disconnect()
             try:
                 owner = await asyncio.wait_for(self._owner(), 5)
                 if owner is not None:
-                    endpoint, self._generation = owner
+                    endpoint, generation = owner
+                    self._session.bind(generation)
                     # A connect on a LAN that has not completed in a second will not: re-read the
                     # owner instead (the partition may have moved off a host that vanished).
                     conn = await asyncio.wait_for(self.transport.connect(endpoint), 1)
                     self._channel = await MessageChannel.open(conn, CLIENT, f"smoke-{self.client_id}", timeout=5)
                     self._reader = asyncio.ensure_future(self._read(self._channel))
                     self._mounted = asyncio.get_running_loop().create_future()
-                    await self._channel.send(m.MountRequest(self._req_id(), self.high_water_mark, next(self._mounts)))
+                    await self._channel.send(self._session.mount(next(self._mounts)))
                     state = await asyncio.wait_for(asyncio.shield(self._mounted), 10)
                     if state is m.PartitionState.READY:
                         return True
@@ -140,53 +153,54 @@ class PartitionWorker:
                         return False
             except (WaltzError, OSError, TimeoutError) as exc:
                 log.debug("client %d partition %d: connect: %s", self.client_id, self.partition, exc)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(delay)
         await self.disconnect()
         return False
 
     async def _read(self, channel: MessageChannel) -> None:
+        session = self._session
         try:
             while True:
                 msg = await channel.recv()
-                t = type(msg)
-                if t is m.FeedData:
+                if type(msg) is m.FeedData:
                     self._take(msg)
-                elif t is m.LockFailure:
-                    fut = self._pending.pop(req_key(msg.req_id), None)
-                    if fut is not None and not fut.done():
-                        fut.set_result((FAIL, None))
-                elif t is m.MountResponse:
-                    if self._mounted is not None and not self._mounted.done():
-                        self._mounted.set_result(msg.state)
-                elif t is m.FlushResponse:
-                    fut2 = self._flushed.pop(req_key(msg.req_id), None)
-                    if fut2 is not None and not fut2.done():
-                        fut2.set_result(msg.transaction_id)
+                else:
+                    action = session.receive(msg)
+                    mounted = self._mounted
+                    if isinstance(action, LockFailed):
+                        _settle(action.entry.item, FAIL, None)
+                    elif isinstance(action, Mounted | ClientAhead) or (
+                            isinstance(action, RemountLater) and type(msg) is m.MountResponse):
+                        if mounted is not None and not mounted.done():
+                            mounted.set_result(msg.state)
+                    elif isinstance(action, RemountLater):
+                        return  # the server suspended the feed: the worker connects and mounts again
+                for entry in session.take_failed():
+                    _settle(entry.item, FAIL, None)  # decided: it can never commit
+                self._progress.set()
         except (WaltzError, OSError, EOFError) as exc:
             log.debug("client %d partition %d: connection lost: %s", self.client_id, self.partition, exc)
         finally:
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_result((UNKNOWN, None))
-            self._pending.clear()
+            self._give_up()
+            self._progress.set()
             if self._mounted is not None and not self._mounted.done():
                 self._mounted.set_exception(TimeoutError("connection lost while mounting"))
                 self._mounted.exception()  # retrieved: the connect loop may no longer be waiting
 
     def _take(self, msg: m.FeedData) -> None:
         txn = msg.transaction_id
-        key = req_key(msg.req_id)
+        q = msg.req_id
+        entry = self._session.on_feed(q.client_id, q.seq_num, txn)  # a gap: ProtocolError, the connection is lost
         if txn == len(self.feed):
-            self.feed.append((key, msg.header))
+            self.feed.append((req_key(q), msg.header))
+            self._session.hwm = txn
             a, b, amt = decode_transfer(msg.header)
             if a < self.accounts and b < self.accounts:
                 self.balances[a] -= amt
                 self.balances[b] += amt
-            self._feed_grew.set()
-            fut = self._pending.pop(key, None)
-            if fut is not None and not fut.done():
-                fut.set_result((OK, txn))
         # An id below ours is a re-delivery after a remount; the checker compares views at the end.
+        if entry is not None:
+            _settle(entry.item, OK, txn)
 
     # ---------------------------------------------------------------------------- operations
 
@@ -198,13 +212,12 @@ class PartitionWorker:
         amt = self.rng.randint(0, max(0, min(self.balances[a], MAX_AMOUNT)))
         data = {"a": a, "b": b, "amt": amt, "na": self.balances[a] - amt, "nb": self.balances[b] + amt}
         hwm = self.high_water_mark
-        req = self._req_id()
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        req = self._session.req_id(self._session.append(fut, 1, time.monotonic()))
         key = req_key(req)
         op = next(self._ops)
         locks = (self.locks[a], self.locks[b])
         payload = json.dumps(data, separators=(",", ":")).encode()
-        fut: asyncio.Future[tuple[str, int | None]] = asyncio.get_running_loop().create_future()
-        self._pending[key] = fut
         if self.history is not None:
             self.history.invoke(self.client_id, op, self.partition, key, hwm, write_locks=locks, data=data)
         try:
@@ -213,7 +226,6 @@ class PartitionWorker:
             outcome, txn = await asyncio.wait_for(asyncio.shield(fut), self.op_timeout)
         except (WaltzError, OSError, TimeoutError):
             outcome, txn = UNKNOWN, None
-        self._pending.pop(key, None)
         if self.history is not None:
             self.history.complete(self.client_id, op, outcome, txn)
         return outcome
@@ -240,19 +252,23 @@ class PartitionWorker:
             if not await self.connect(deadline):
                 continue
             assert self._channel is not None
-            q = self._req_id()
-            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._flushed[req_key(q)] = fut
+            flush = self._session.flush()
             try:
-                await self._channel.send(m.FlushRequest(q))
-                target = await asyncio.wait_for(fut, 10)
-                while self.high_water_mark < target:
-                    self._feed_grew.clear()
+                await self._channel.send(flush)
+                while True:  # until the flush is answered and the feed reached its answer
+                    self._progress.clear()
                     if self._reader is None or self._reader.done():
                         raise OSError("connection lost")
-                    await asyncio.wait_for(self._feed_grew.wait(), max(0.1, deadline - time.monotonic()))
+                    if self._session.flush_done(flush.req_id.seq_num):
+                        break
+                    await asyncio.wait_for(self._progress.wait(), max(0.1, deadline - time.monotonic()))
                 break
             except (WaltzError, OSError, TimeoutError):
                 continue
         await self.disconnect()
         return [LogEntry(i, k, h) for i, (k, h) in enumerate(self.feed)]
+
+
+def _settle(fut: asyncio.Future[Outcome], outcome: str, txn: int | None) -> None:
+    if not fut.done():
+        fut.set_result((outcome, txn))

@@ -1,0 +1,295 @@
+"""The sender: the one path a transaction takes to the server, and back when it must go again.
+
+:meth:`Sender.submit` is that path, for a first attempt (``AsyncWaltzClient.submit``,
+``WaltzClient.submit``) and for every re-execution (the retry workers) alike:
+
+1. refuse an expired context (``on_expiration``) and resolve its partition;
+2. take an in-flight slot of the partition (:meth:`Sender.acquire`): wait until the partition is
+   mounted (READY) and fewer than ``client.max_concurrent_transactions`` appends are in flight;
+   slots are handed to waiters first come, first served;
+3. build: a :class:`~.api.TransactionBuilder` at the client high-water mark, filled by
+   ``execute`` - where the dispatcher says (first attempts: where ``submit`` was called;
+   re-executions: the retry side);
+4. send: register the append in the partition's session and post it on the stream (dropped if
+   the link is down: the next READY decides it).
+
+An append's fate comes back through the stream (:mod:`.stream`, decided by the session): committed
+(the slot is released), failed (released, queued for re-execution), lock-failed (released, waits in
+the partition's :class:`~.partition.LockWaits` until the application applied the conflicting
+transaction, then queued). The retry workers (``client.num_retry_workers``) take the queue and
+run the same path with ``attempts`` > 0. The nudge loop flushes a partition whose oldest pending
+append waited longer than ``client.long_wait_threshold`` (the flush rule then decides it).
+
+Event loop only. The per-transaction part (fast path of step 2, steps 3 and 4) makes no coroutine
+other than ``submit`` itself when application code runs on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import ClientAheadError, ClientClosedError, ClientError, ClientTimeoutError
+from ..protocol import client as m
+from ..protocol.session import LockFailed, SessionState
+from .api import TransactionBuilder, TransactionContext
+from .dispatch import is_awaitable
+from .partition import Partition, Pending, handed
+
+if TYPE_CHECKING:
+    from ..metrics import Counter
+    from .context import ClientContext
+
+log = logging.getLogger("waltz.client")
+
+SLOT_WAIT = 10.0  #: seconds a submit waits for an in-flight slot before nudging with a flush (original)
+
+_READY = SessionState.READY
+_AHEAD = SessionState.AHEAD
+_INACTIVE = SessionState.INACTIVE
+
+
+def _expired(context: TransactionContext, attempts: int) -> bool:
+    # The expiry check is the context's own (it knows its clock); its name is private because the
+    # public names of a TransactionContext belong to the application's subclass.
+    return context._expired(attempts)  # noqa: SLF001 - the client is the one caller of this hook
+
+
+class Sender:
+    """Submits, sends and re-executes the transactions of one client (see the module docstring)."""
+
+    def __init__(self, ctx: ClientContext, *, lock_failures: Counter, retries: Counter) -> None:
+        self._ctx = ctx
+        self._partitions = ctx.partitions
+        self._cap = ctx.config.client.max_concurrent_transactions
+        self._m_lock_failures = lock_failures
+        self._m_retries = retries
+        self._queue: asyncio.Queue[tuple[TransactionContext, int]] | None = None
+        self._retrying = 0  #: contexts a retry worker took and has not finished with
+
+    def start(self) -> None:
+        """Start the retry workers and the nudge loop (on the client's loop)."""
+        ctx = self._ctx
+        self._queue = asyncio.Queue()
+        for i in range(max(1, ctx.config.client.num_retry_workers)):
+            ctx.spawn(self._retry_worker(), name=f"waltz-client-retry-{i}")
+        ctx.spawn(self._nudge_loop(), name="waltz-client-nudge")
+
+    # ---------------------------------------------------------------------------- submitting
+
+    def partition_of(self, context: TransactionContext) -> int:
+        ctx = self._ctx
+        pid = context.partition_id(ctx.num_partitions)
+        if not isinstance(pid, int) or not 0 <= pid < ctx.num_partitions:
+            raise ClientError(f"{type(context).__name__}.partition_id() returned {pid!r}, "
+                              f"not a partition in 0..{ctx.num_partitions - 1}")
+        return pid
+
+    async def submit(self, context: TransactionContext, attempts: int, timeout: float | None) -> None:
+        """Run one attempt of ``context`` (``attempts`` executions done so far) up to the send.
+
+        ``timeout`` bounds the wait for the partition to mount (ClientTimeoutError). On a first
+        attempt an exception of ``execute`` is re-raised after ``on_exception``; on a
+        re-execution it ends there.
+        """
+        ctx = self._ctx
+        ctx.check_open()
+        first = attempts == 0
+        if _expired(context, attempts):
+            await (ctx.notify_submitter if first else ctx.notify)(context.on_expiration)
+            return
+        pid = self.partition_of(context)
+        p = self._partitions.get(pid)
+        if p is not None and p.session.state is _READY and p.inflight < self._cap:
+            p.inflight += 1  # acquire()'s answer when the partition is mounted and has a free slot
+        else:
+            p = await self.acquire(pid, timeout)
+            if not first and _expired(context, attempts):  # the wait may have been long
+                p.release_slot()
+                await ctx.notify(context.on_expiration)
+                return
+        builder = TransactionBuilder(pid, p.session.hwm)
+        dispatcher = ctx.dispatcher
+        try:
+            if not dispatcher.threaded:
+                ok = context.execute(builder)
+                if is_awaitable(ok):
+                    ok = await ok
+            elif first:
+                ok = await dispatcher.call_submitter(context.execute, builder, final_if_true=True)
+            else:
+                ok = await dispatcher.call_retry(context.execute, builder)
+        except BaseException as exc:
+            p.release_slot()
+            if isinstance(exc, Exception):
+                await (ctx.notify_submitter if first else ctx.notify)(context.on_exception, exc)
+                if not first:
+                    return
+            raise
+        if not ok:
+            p.release_slot()
+            await (ctx.notify_submitter if first else ctx.notify)(context.on_completion, False)
+            return
+        self.send(p, context, builder, attempts + 1)
+
+    async def acquire(self, pid: int, timeout: float | None) -> Partition:
+        """Wait until the partition is mounted and has an in-flight slot; take the slot."""
+        ctx = self._ctx
+        if ctx.closed:
+            raise ClientClosedError("the client is closed")
+        p = self._partitions.get(pid)
+        if p is None or p.session.state is _INACTIVE:
+            raise ClientError(f"partition {pid} is not mounted by this client")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if ctx.closed:
+                raise ClientClosedError("the client is closed")
+            state = p.session.state
+            if state is _AHEAD:
+                raise ClientAheadError(f"partition {pid}: the client high-water mark {p.session.hwm} is ahead of the log")
+            if state is _INACTIVE:
+                raise ClientError(f"partition {pid} is not mounted by this client")
+            if state is not _READY:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ClientTimeoutError(f"partition {pid} not mounted within {timeout}s")
+                try:
+                    await asyncio.wait_for(p.ready.wait(), remaining)
+                except TimeoutError:
+                    raise ClientTimeoutError(f"partition {pid} not mounted within {timeout}s") from None
+                continue
+            if p.inflight < self._cap:
+                p.inflight += 1
+                return p
+            slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            p.slot_waiters.append(slot)
+            try:
+                await asyncio.wait_for(slot, SLOT_WAIT)
+            except TimeoutError:
+                if not p.session.flushing:  # original: after 10 s the client flushes and tries again
+                    self.send_flush(p)
+            except asyncio.CancelledError:
+                if handed(slot):
+                    p.release_slot()  # handed a slot as we were cancelled: pass it on
+                raise
+            # Checked after a timeout too: a slot handed over as the timeout fired is ours.
+            if handed(slot):
+                if not ctx.closed and p.session.state is _READY:
+                    return p  # inflight already counts the slot passed to us
+                p.release_slot()  # the partition changed while we waited: re-check from the top
+
+    def send(self, p: Partition, context: TransactionContext, builder: TransactionBuilder, attempts: int) -> None:
+        """Register the append in the session and post it (the slot is taken); its fate comes from the stream."""
+        ctx = self._ctx
+        if ctx.closed:
+            p.release_slot()
+            ctx.spawn(ctx.notify(context.on_exception, ClientClosedError("the client is closed")))
+            return
+        session = p.session
+        seq = session.append(context, attempts, time.monotonic())
+        link = p.link
+        if link is not None:
+            link.post_frame(m.encode_append(session.client_id, session.generation, p.id, seq,
+                                            builder.client_high_water_mark, builder.write_locks, builder.read_locks,
+                                            builder.append_locks, builder.header, builder.data, builder.checksum))
+
+    def send_flush(self, p: Partition) -> None:
+        """Ask the partition's server for a flush; if the link is down, the next READY settles it."""
+        request = p.session.flush()
+        if p.link is not None:
+            p.link.post(request)
+
+    # ----------------------------------------------------------------------------- fates
+
+    def failed(self, p: Partition, entries: list[Pending]) -> None:
+        """Appends the session decided FAILED: free their slots and execute them again."""
+        for entry in entries:
+            p.release_slot()
+            self.retry(entry)
+
+    def lock_failed(self, p: Partition, decision: LockFailed[TransactionContext]) -> None:
+        """An append failed its lock check: retry once the client applied the conflicting transaction."""
+        entry = decision.entry
+        p.release_slot()
+        self._m_lock_failures.inc()
+        ctx = self._ctx
+        ctx.spawn(ctx.notify(entry.item.on_lock_failure))
+        if decision.applied:
+            self.retry(entry)
+        else:
+            p.lock_waits.add(decision.transaction_id, entry)
+        ctx.ping()
+
+    def release_lock_waits(self, p: Partition) -> None:
+        """After an apply batch: lock-failed appends whose conflict the application applied go again."""
+        for entry in p.lock_waits.release(p.session.hwm):
+            self.retry(entry)
+
+    def retry(self, entry: Pending) -> None:
+        ctx = self._ctx
+        if not ctx.closed:
+            assert self._queue is not None
+            self._queue.put_nowait((entry.item, entry.attempts))
+            self._m_retries.inc()
+            ctx.ping()
+
+    async def _retry_worker(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        ctx = self._ctx
+        while True:
+            context, attempts = await queue.get()
+            self._retrying += 1
+            try:
+                await self.submit(context, attempts, None)
+            except ClientClosedError:
+                await ctx.notify(context.on_exception, ClientClosedError("the client was closed"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - partition_id() raised, client ahead, ...: to on_exception
+                await ctx.notify(context.on_exception, exc)
+            finally:
+                self._retrying -= 1
+                ctx.ping()
+
+    async def _nudge_loop(self) -> None:
+        """Flush partitions whose oldest pending append waited longer than ``long_wait_threshold``."""
+        threshold = self._ctx.config.client.long_wait_threshold
+        period = min(max(threshold / 4, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for p in self._partitions.values():
+                if p.session.wants_flush(now, threshold):
+                    self.send_flush(p)
+
+    # ---------------------------------------------------------------------------- queries
+
+    def idle(self) -> bool:
+        """No re-execution queued or running."""
+        return not self._retrying and (self._queue is None or self._queue.empty())
+
+    def has_pending(self) -> bool:
+        """Appends in flight, waiting for a lock retry, or queued for re-execution."""
+        if not self.idle():
+            return True
+        return any(p.inflight or p.lock_waits for p in self._partitions.values())
+
+    def pending_count(self) -> int:
+        """For the pending-appends gauge, from any thread (the partition list is copied first)."""
+        queued = self._queue.qsize() if self._queue is not None else 0
+        return sum(len(p.session) + len(p.lock_waits) for p in list(self._partitions.values())) + queued + self._retrying
+
+    def abandon(self) -> list[TransactionContext]:
+        """Closing: every context whose outcome is unknown (in flight, waiting for a lock retry,
+        queued for re-execution), for ``on_exception(ClientClosedError)``."""
+        unknown: list[TransactionContext] = []
+        for p in self._partitions.values():
+            unknown.extend(e.item for e in p.session.abandon())
+            unknown.extend(e.item for e in p.lock_waits.drain())
+        if self._queue is not None:
+            while not self._queue.empty():
+                unknown.append(self._queue.get_nowait()[0])
+        return unknown
