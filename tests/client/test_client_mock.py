@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
+import attrs
 import pytest
 
 from waltz_core.client import (
@@ -16,8 +18,15 @@ from waltz_core.client import (
 from waltz_core.errors import ChecksumError, ClientError
 from waltz_core.locks.base import LockRequest
 from waltz_core.locks.exact import ExactLockTable
+from waltz_core.protocol import CLIENT
+from waltz_core.protocol import client as m
+from waltz_core.protocol.wire import ReqId, crc32
+from waltz_core.server.partition import Partition
 from waltz_core.testing.conformance.coordination import eventually
+from waltz_core.testing.memory_store import MemoryStore
 from waltz_core.testing.mock_cluster import MockCluster
+from waltz_core.transport import MessageChannel
+from waltz_core.transport.memory import MemoryTransport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -337,9 +346,9 @@ def test_sync_client_refuses_flush_from_an_apply_callback() -> None:
 
 
 async def test_a_released_slot_passes_to_the_oldest_waiter_only() -> None:
-    from waltz_core.client.core import _Partition
+    from waltz_core.client.partition import Partition
 
-    p = _Partition(0)
+    p = Partition(0, 1, -1)
     p.inflight = 2  # the cap is reached
     loop = asyncio.get_running_loop()
     waiters = [loop.create_future() for _ in range(3)]
@@ -409,3 +418,131 @@ def test_a_client_closed_while_it_connects_does_not_hang(apps) -> None:
             closer = threading.Thread(target=lambda c=client, done=closed: (c.close(), done.set()), daemon=True)
             closer.start()
             assert closed.wait(30), "WaltzClient.close() hung while the client was connecting"
+
+
+# ----------------------------------------------------------------- the server's own partition
+#
+# Raw protocol messages against the mock, as tests/server/test_server_protocol.py sends them to a
+# real server: the answers must be the server's, because the mock runs the server's Partition.
+
+
+class Raw:
+    """One raw client connection (stream) to the mock cluster, for one partition."""
+
+    def __init__(self, channel: MessageChannel, client_id: int, generation: int) -> None:
+        self.ch = channel
+        self.client_id = client_id
+        self.generation = generation
+        self.seq = 0
+        self.feed: list[m.FeedData] = []
+
+    @classmethod
+    async def connect(cls, cluster: MockCluster, client_id: int) -> Raw:
+        conn = await MemoryTransport().connect(cluster.address)
+        return cls(await MessageChannel.open(conn, CLIENT, "test"), client_id, cluster.partitions[0].generation)
+
+    def q(self, generation: int | None = None) -> ReqId:
+        self.seq += 1
+        return ReqId(self.client_id, self.generation if generation is None else generation, 0, self.seq)
+
+    async def until(self, kind: type, req_id: ReqId | None = None, timeout: float = 10.0) -> Any:
+        while True:
+            msg = await asyncio.wait_for(self.ch.recv(), timeout)
+            if type(msg) is m.FeedData:
+                self.feed.append(msg)
+            if type(msg) is kind and (req_id is None or msg.req_id == req_id):
+                return msg
+
+    async def mount(self, hwm: int = -1) -> m.MountResponse:
+        q = self.q()
+        await self.ch.send(m.MountRequest(q, hwm, 1))
+        return await self.until(m.MountResponse, q)
+
+    async def append(self, data: bytes, hwm: int = -1, write: tuple[int, ...] = (), read: tuple[int, ...] = (),
+                     append: tuple[int, ...] = (), generation: int | None = None) -> ReqId:
+
+        q = self.q(generation)
+        await self.ch.send(m.AppendRequest(q, hwm, write, read, append, 0, data, crc32(data)))
+        return q
+
+    async def flush(self) -> int:
+        q = self.q()
+        await self.ch.send(m.FlushRequest(q))
+        hwm: int = (await self.until(m.FlushResponse, q)).transaction_id
+        while (self.feed[-1].transaction_id if self.feed else -1) < hwm:
+            await self.until(m.FeedData)
+        return hwm
+
+
+async def test_the_mock_runs_the_servers_partition_and_its_lock_rules() -> None:
+    async with MockCluster(1) as cluster:
+        partition = cluster.partitions[0]
+        assert type(partition) is Partition and isinstance(partition.store, MemoryStore)
+        assert isinstance(partition.locks, ExactLockTable)  # the mock's default table
+        a = await Raw.connect(cluster, 1)
+        assert (await a.mount()).state is m.PartitionState.READY
+        lock = 12345
+        await a.append(b"w0", hwm=-1, write=(lock,))
+        assert await a.flush() == 0
+        # The sequence of test_lock_kinds_follow_the_original_semantics (tests/server), same answers.
+        q = await a.append(b"stale-write", hwm=-1, write=(lock,))
+        assert (await a.until(m.LockFailure, q)).transaction_id == 0
+        q = await a.append(b"stale-read", hwm=-1, read=(lock,))
+        assert (await a.until(m.LockFailure, q)).transaction_id == 0
+        await a.append(b"fresh-read", hwm=0, read=(lock,))
+        assert await a.flush() == 1
+        await a.append(b"w2", hwm=0, write=(lock,))
+        assert await a.flush() == 2
+        await a.append(b"appender", hwm=-1, append=(lock,))
+        assert await a.flush() == 3
+        q = await a.append(b"reader", hwm=2, read=(lock,))
+        assert (await a.until(m.LockFailure, q)).transaction_id == 3
+        assert {f.transaction_id for f in a.feed} == {0, 1, 2, 3}
+        assert cluster.lock_failures == partition.lock_failures == 3
+        assert [t.data for t in cluster.transactions(0)] == [b"w0", b"fresh-read", b"w2", b"appender"]
+        assert replay_lock_model(cluster, 0) == 4
+        # A partition the server does not own gets the server's answers.
+        q = a.q()
+        await a.ch.send(m.HighWaterMarkRequest(attrs.evolve(q, partition_id=7)))
+        assert (await a.until(m.HighWaterMarkResponse)).transaction_id == -2
+
+
+async def test_conflicting_appends_in_flight_serialize_as_on_the_server() -> None:
+    async with MockCluster(1, seed=0) as cluster:
+        cluster.set_max_delay(0.6)  # seed 0: the first append stays in flight for about 0.5 s
+        partition = cluster.partitions[0]
+        a = await Raw.connect(cluster, 1)
+        await a.mount()
+        # Ten appends on one lock, each computed at the head before the previous committed.
+        reqs = [await a.append(f"x{i}".encode(), hwm=-1, write=(7,)) for i in range(10)]
+        # The first is in flight; the second collides with it and waits for its commit (the
+        # append task holds it), it is not decided on the table without that commit.
+        await eventually(lambda: partition.queue_size == 8, 5, "the second append to wait", interval=0.005)
+        assert partition.pending_count == 1 and cluster.high_water_mark(0) == -1 and cluster.lock_failures == 0
+        failure = await a.until(m.LockFailure, reqs[1])
+        assert failure.transaction_id == 0 and cluster.high_water_mark(0) == 0  # decided after the commit
+        assert await a.flush() == 0
+        assert [f.req_id for f in a.feed] == [reqs[0]]  # the first wins; the others read stale data
+        assert cluster.lock_failures == 9
+
+
+async def test_a_moved_partition_starts_a_new_lock_table_at_its_high_water_mark() -> None:
+    async with MockCluster(1) as cluster:
+        old = await Raw.connect(cluster, 1)
+        await old.mount()
+        await old.append(b"w0", hwm=-1, write=(7,))
+        assert await old.flush() == 0
+        cluster.move_partition(0)
+        await old.until(m.FeedSuspended)  # the old generation's clients are told
+        assert cluster.partitions[0].generation == 2
+        new = await Raw.connect(cluster, 2)
+        assert (await new.mount()).state is m.PartitionState.READY
+        assert [f.transaction_id for f in new.feed] == [0]
+        # As Partition.open does on a server: every lock's estimate starts at the high-water mark,
+        # so an append built before it fails even on a lock nobody took (the old mock kept its table).
+        q = await new.append(b"fresh-lock", hwm=-1, write=(99,))
+        assert (await new.until(m.LockFailure, q)).transaction_id == 0
+        await old.append(b"old-generation", hwm=0, generation=1)  # stale generation: ignored
+        await new.append(b"fresh-lock", hwm=0, write=(99,))
+        assert await new.flush() == 1
+        assert [t.data for t in cluster.transactions(0)] == [b"w0", b"fresh-lock"]

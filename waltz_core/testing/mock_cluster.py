@@ -1,11 +1,17 @@
 """An in-memory Waltz cluster for application unit tests (the original's ``MockDriver``).
 
-:class:`MockCluster` is a fake *server* speaking the real client protocol over the built-in
-``memory`` transport: the clients it serves are the real :class:`~waltz_core.client.WaltzClient`
-/ :class:`~waltz_core.client.AsyncWaltzClient` with all their code paths (mount, feed, monitor,
-retries, reconnects, data RPCs). Each partition keeps its log in memory and checks locks with the
-exact lock table (:class:`~waltz_core.locks.ExactLockTable`), so lock semantics are the server's
-without false conflicts. No storage, no coordination, no sockets.
+:class:`MockCluster` is one server speaking the real client protocol over the built-in
+``memory`` transport, and it *is* the server's code: each partition is the server's own
+:class:`~waltz_core.server.partition.Partition` (append task, lock table, feeds, caches, data RPCs),
+over a :class:`~waltz_core.testing.memory_store.MemoryStore` instead of replicated storage, and
+client connections are read by the server's own dispatch
+(:func:`~waltz_core.server.dispatch.read_client_messages`). The lock table is the ``exact`` one
+by default (the server's rules, without the ``hashed`` table's rare false conflicts); pass
+``lock_table`` (a factory taking the high-water mark) to test against another. What an
+application tests against is what it runs against. The clients are the real
+:class:`~waltz_core.client.WaltzClient` / :class:`~waltz_core.client.AsyncWaltzClient` with
+all their code paths (mount, feed, monitor, retries, reconnects, data RPCs). No storage nodes,
+no coordination, no sockets.
 
 Several clients share one cluster (distinct client ids), as with ``MockServerPartition``::
 
@@ -17,12 +23,28 @@ Several clients share one cluster (distinct client ids), as with ``MockServerPar
     async with MockCluster(4) as cluster:                 # on the running loop
         async with cluster.async_client(MyCallbacks()) as client: ...
 
-Fault injection (safe from any thread): :meth:`set_fault_rate` (appends silently dropped with
-that probability, found out by the client's monitor as on a real network), :meth:`force_next_append_fail`,
-:meth:`force_next_lock_fail`, :meth:`set_max_delay` (random commit delay, order kept),
-:meth:`suspend_feed` / :meth:`resume_feed`, :meth:`corrupt_next_data`, :meth:`disconnect_clients`
-(every client reconnects and re-mounts) and :meth:`move_partition` (new generation: clients follow
-the assignment change).
+Fault injection (safe from any thread) sits around the server's code, never in a copy of it:
+
+* :meth:`set_fault_rate`, :meth:`force_next_append_fail` - the inbound link loses the append
+  before it reaches the partition, as a network does; the client's monitor finds out.
+* :meth:`force_next_lock_fail` - the inbound link answers the next append with a ``LockFailure``
+  naming the partition's high-water mark instead of passing it on. (The partition consults its
+  lock table only for appends that carry locks; this fault hits any append, as the original's.)
+* :meth:`set_max_delay` - the store commits each append after a random delay, in transaction-id
+  order. Appends stay in flight meanwhile, so colliding ones serialize in the partition as on a
+  server.
+* :meth:`suspend_feed` / :meth:`resume_feed` - the outbound link holds back feed records and
+  mount answers (appends still commit; clients cannot see them), then sends them in order.
+* :meth:`corrupt_next_data` - the outbound link flips the checksum of the next data answers.
+* :meth:`disconnect_clients` - every client connection is closed (clients reconnect, re-mount).
+* :meth:`move_partition` - the partition object is replaced by one of the next generation over
+  the same log, as a reassignment does: a new lock table at the high-water mark, ``FeedSuspended``
+  to the old generation's clients, the new owner announced to every client.
+
+Inspection: :meth:`transactions` (the committed log, with each append's locks and client
+high-water mark, seen on the inbound link), :meth:`high_water_mark`, the counters
+``dropped_appends`` and ``lock_failures``, the data RPCs served (``data_requests``,
+``data_range_requests``), and ``partitions`` (the live ``Partition`` objects).
 """
 
 from __future__ import annotations
@@ -32,25 +54,37 @@ import itertools
 import logging
 import random
 import threading
-from collections.abc import Callable
-from typing import Any, Self
+from collections.abc import Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 
-from ..config import ClientConfig, ClientProcessConfig, TransportConfig
+from ..config import ClientConfig, ClientProcessConfig, ServerConfig, TransportConfig
 from ..coordination.recipes import PartitionOwner
 from ..errors import ConnectionClosedError, ProtocolError, TransportError, WaltzError
-from ..locks.base import NO_LOCKS, Begin, LockRequest
+from ..locks.base import LockTable
 from ..locks.exact import ExactLockTable
 from ..protocol import CLIENT
 from ..protocol import client as m
-from ..protocol.wire import ReqId
+from ..protocol.wire import Record, ReqId
+from ..server.caches import CacheBudget
+from ..server.dispatch import read_client_messages
 from ..server.link import ClientLink
+from ..server.partition import Partition
 from ..transport import MessageChannel
-from ..transport.base import Connection
+from ..transport.base import Connection, Listener
 from ..transport.memory import MemoryTransport
+from .memory_store import MemoryLog, MemoryStore
+
+if TYPE_CHECKING:
+    from ..client.api import WaltzClientCallbacks
+    from ..client.core import AsyncWaltzClient
+    from ..client.discovery import StaticDiscovery
+    from ..client.sync import WaltzClient
 
 log = logging.getLogger("waltz.testing.mock_cluster")
+
+_CORRUPTION = 0x5A5A5A5A  # xor-ed into a checksum by corrupt_next_data
 
 
 @attrs.frozen(slots=True)
@@ -68,157 +102,72 @@ class LoggedTransaction:
     append_locks: tuple[int, ...]
 
 
-@attrs.define(eq=False)
-class _Slot:
-    seq_num: int
-    link: ClientLink
-    feed: asyncio.Task[None] | None = None
+@attrs.frozen(slots=True)
+class _AppendLocks:
+    """What the store does not keep of an append, kept for :meth:`MockCluster.transactions`."""
+
+    client_high_water_mark: int
+    write_locks: tuple[int, ...]
+    read_locks: tuple[int, ...]
+    append_locks: tuple[int, ...]
 
 
-class _MockPartition:
-    def __init__(self, cluster: MockCluster, partition_id: int) -> None:
-        self.cluster = cluster
-        self.id = partition_id
-        self.generation = 1
-        self.log: list[LoggedTransaction] = []
-        self.locks = ExactLockTable(-1)
-        self.clients: dict[int, _Slot] = {}
-        self.queue: asyncio.Queue[tuple[Any, ClientLink]] = asyncio.Queue()
-        self.committed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"mock-partition-{partition_id}")
+@attrs.frozen(slots=True)
+class _InboundLink:
+    """Stands in front of one partition for the connection reader: inbound faults and records."""
 
-    @property
-    def hwm(self) -> int:
-        return len(self.log) - 1
+    cluster: MockCluster
+    partition_id: int
 
-    def wake(self) -> None:
-        self.committed.set()
-        self.committed = asyncio.Event()
+    def offer(self, msg: Any, link: ClientLink) -> asyncio.Future[None] | None:
+        return self.cluster._inbound(self.partition_id, msg, link)
 
-    async def _run(self) -> None:
-        while True:
-            msg, link = await self.queue.get()
-            try:
-                if type(msg) is m.AppendRequest:
-                    await self._append(msg, link)
-                elif type(msg) is m.MountRequest:
-                    self._mount(msg, link)
-                elif type(msg) is m.FlushRequest and msg.req_id.generation == self.generation:
-                    link.post(m.FlushResponse(msg.req_id, self.hwm))
-            except Exception:
-                log.exception("mock partition %d: error handling %s", self.id, type(msg).__name__)
 
-    def _current(self, q: ReqId, link: ClientLink) -> bool:
-        slot = self.clients.get(q.client_id)
-        return q.generation == self.generation and slot is not None and slot.link is link
+class _FaultyLink(ClientLink):
+    """The server's :class:`ClientLink` with the outbound faults: held feeds, corrupted data."""
 
-    async def _append(self, req: m.AppendRequest, link: ClientLink) -> None:
-        c = self.cluster
-        if c._max_delay > 0:
-            await asyncio.sleep(c._rng.uniform(0, c._max_delay))
-        if not self._current(req.req_id, link):
+    __slots__ = ("_cluster", "_held")
+
+    def __init__(self, cluster: MockCluster, channel: MessageChannel, config: ServerConfig) -> None:
+        super().__init__(channel, inbound_high_water=config.inbound_high_water,
+                         inbound_low_water=config.inbound_low_water)
+        self._cluster = cluster
+        self._held: list[bytes] = []  # feed frames and mount answers held back while the feed is suspended
+
+    def post(self, msg: Any) -> None:
+        cluster = self._cluster
+        t = type(msg)
+        if cluster._feed_suspended and (t is m.FeedData or t is m.MountResponse):
+            # A mount answer goes with the feed: READY must not overtake the records before it.
+            if not self.closed:
+                self._held.append(self.channel.family.encode(msg))
             return
-        if c._fail_next_append or (c._fault_rate > 0 and c._rng.random() < c._fault_rate):
-            c._fail_next_append = False
-            c.dropped_appends += 1
-            return  # dropped, as a request lost with a connection: the client's monitor finds out
-        if c._fail_next_lock:
-            c._fail_next_lock = False
-            c.lock_failures += 1
-            link.post(m.LockFailure(req.req_id, self.hwm))
-            return
-        request = LockRequest.from_append(req) if (req.write_locks or req.read_locks or req.append_locks) else NO_LOCKS
-        if request is not NO_LOCKS:
-            assert self.locks.begin(request) is Begin.OK  # commits are immediate: nothing is ever in flight
-            conflict = self.locks.check(request, req.client_high_water_mark)
-            if conflict is not None:
-                self.locks.abort(request)
-                c.lock_failures += 1
-                link.post(m.LockFailure(req.req_id, conflict))
-                return
-        txn = len(self.log)
-        self.log.append(LoggedTransaction(txn, req.req_id, req.header, req.data, req.checksum,
-                                          req.client_high_water_mark, req.write_locks, req.read_locks, req.append_locks))
-        if request is not NO_LOCKS:
-            self.locks.commit(request, txn)
-        self.wake()
+        if cluster._corrupt_data > 0:
+            if t is m.TransactionDataResponse and msg.error is None:
+                cluster._corrupt_data -= 1
+                msg = attrs.evolve(msg, checksum=msg.checksum ^ _CORRUPTION)
+            elif t is m.TransactionDataRangeResponse and msg.error is None and msg.checksums:
+                cluster._corrupt_data -= 1  # the first transaction of the answer arrives damaged
+                msg = attrs.evolve(msg, checksums=(msg.checksums[0] ^ _CORRUPTION, *msg.checksums[1:]))
+        super().post(msg)
 
-    def _mount(self, msg: m.MountRequest, link: ClientLink) -> None:
-        q = msg.req_id
-        if q.generation != self.generation:
-            link.post(m.MountResponse(q, m.PartitionState.NOT_READY))
-            return
-        slot = self.clients.get(q.client_id)
-        if slot is not None and msg.seq_num < slot.seq_num:
-            return
-        if slot is not None and slot.feed is not None:
-            slot.feed.cancel()
-        if msg.client_high_water_mark > self.hwm:
-            self.clients.pop(q.client_id, None)
-            link.post(m.MountResponse(q, m.PartitionState.CLIENT_AHEAD))
-            return
-        slot = _Slot(msg.seq_num, link)
-        self.clients[q.client_id] = slot
-        slot.feed = asyncio.get_running_loop().create_task(self._feed(link, q, msg.client_high_water_mark, self.hwm))
+    def post_many(self, msgs: Iterable[Any]) -> None:
+        for msg in msgs:
+            self.post(msg)
 
-    async def _feed(self, link: ClientLink, q: ReqId, client_hwm: int, mount_until: int | None) -> None:
-        next_id = client_hwm + 1
-        c = self.cluster
-        while not link.closed:
-            if c._feed_resumed.is_set() and next_id <= self.hwm:
-                batch = self.log[next_id:next_id + 256]
-                link.post_many([m.FeedData(t.req_id, t.transaction_id, t.header) for t in batch])
-                next_id += len(batch)
-                await link.wait_writable()
-                continue
-            if mount_until is not None and next_id > mount_until:
-                link.post(m.MountResponse(q, m.PartitionState.READY))
-                mount_until = None
-                continue
-            waiter = self.committed if c._feed_resumed.is_set() else c._feed_resumed
-            await waiter.wait()
-
-    def serve_data(self, msg: m.TransactionDataRequest, link: ClientLink) -> None:
-        txn = msg.transaction_id
-        self.cluster.data_requests.append((self.id, txn))
-        if not 0 <= txn <= self.hwm:
-            link.post(m.TransactionDataResponse(msg.req_id, txn, None, 0, f"transaction {txn} is not committed"))
+    def post_frames(self, frames: list[bytes]) -> None:
+        # Only feeds post pre-encoded frames (FeedData).
+        if self._cluster._feed_suspended:
+            if not self.closed:
+                self._held.extend(frames)
             return
-        record = self.log[txn]
-        checksum = record.checksum
-        if self.cluster._corrupt_data > 0:
-            self.cluster._corrupt_data -= 1
-            checksum ^= 0x5A5A5A5A
-        link.post(m.TransactionDataResponse(msg.req_id, txn, record.data, checksum, None))
+        super().post_frames(frames)
 
-    def serve_data_range(self, msg: m.TransactionDataRangeRequest, link: ClientLink) -> None:
-        first = msg.first_transaction_id
-        self.cluster.data_range_requests.append((self.id, first, msg.max_count))
-        if not 0 <= first <= self.hwm or msg.max_count < 1:
-            link.post(m.TransactionDataRangeResponse(msg.req_id, first, (), (), f"transaction {first} is not committed"))
-            return
-        records = self.log[first:min(self.hwm + 1, first + msg.max_count)]
-        checksums = [r.checksum for r in records]
-        if self.cluster._corrupt_data > 0:  # the first transaction of the answer arrives damaged
-            self.cluster._corrupt_data -= 1
-            checksums[0] ^= 0x5A5A5A5A
-        link.post(m.TransactionDataRangeResponse(msg.req_id, first, tuple(r.data for r in records),
-                                                 tuple(checksums), None))
-
-    def bump_generation(self) -> None:
-        self.generation += 1
-        for slot in self.clients.values():
-            if slot.feed is not None:
-                slot.feed.cancel()
-            slot.link.post(m.FeedSuspended(ReqId(0, self.generation - 1, self.id, 0)))
-        self.clients.clear()
-
-    def disconnect(self, link: ClientLink) -> None:
-        for cid, slot in list(self.clients.items()):
-            if slot.link is link:
-                if slot.feed is not None:
-                    slot.feed.cancel()
-                del self.clients[cid]
+    def release(self) -> None:
+        """Send what the suspended feed held back, in order."""
+        held, self._held = self._held, []
+        if held:
+            super().post_frames(held)
 
 
 class MockCluster:
@@ -226,60 +175,79 @@ class MockCluster:
 
     ``async with`` starts it on the running loop; ``with`` runs it on its own loop thread (and
     the sync clients it hands out share that loop, as the memory transport needs).
+    ``lock_table`` makes a partition's lock table from its high-water mark, as the server's
+    ``server.lock_table`` strategy does (default: ``exact``); partitions otherwise run with the
+    server's default settings.
     """
 
     def __init__(self, num_partitions: int = 1, *, seed: int | None = None,
-                 client_config: ClientConfig | None = None) -> None:
+                 client_config: ClientConfig | None = None,
+                 lock_table: Callable[[int], LockTable] = ExactLockTable) -> None:
         if num_partitions < 1:
             raise ValueError("num_partitions must be at least 1")
         self.num_partitions = num_partitions
         self._rng = random.Random(seed)
         self._client_config = client_config or ClientConfig(long_wait_threshold=0.3, mount_timeout=10.0,
                                                            reconnect_delay=0.05, rpc_timeout=5.0)
+        self._server_config = ServerConfig()
+        self._lock_table = lock_table
+        self._transport_config = TransportConfig(name="memory")
+        self._budgets = (CacheBudget(self._server_config.feed_cache_budget),
+                         CacheBudget(self._server_config.data_cache_budget))
+        # faults (set from any thread, read on the loop)
         self._fault_rate = 0.0
         self._fail_next_append = False
         self._fail_next_lock = False
         self._max_delay = 0.0
         self._corrupt_data = 0
+        self._feed_suspended = False
         #: Data RPCs served, in order: (partition, transaction) and (partition, first, max count).
         self.data_requests: list[tuple[int, int]] = []
         self.data_range_requests: list[tuple[int, int, int]] = []
         self.dropped_appends = 0
-        self.lock_failures = 0
+        self._forced_lock_failures = 0
+        self._appends: dict[ReqId, _AppendLocks] = {}  # every append that reached a partition
+        self._logs = {pid: MemoryLog() for pid in range(num_partitions)}
+        #: The live partitions (the server's Partition objects), by id.
+        self.partitions: dict[int, Partition] = {}
+        self._retired: list[Partition] = []  # earlier generations (their lock-failure counts still count)
+        self._inbound_links = {pid: _InboundLink(self, pid) for pid in range(num_partitions)}
         self._client_ids = itertools.count(1)
-        self._views: list[Any] = []
-        self.partitions: dict[int, _MockPartition] = {}
-        self._links: set[ClientLink] = set()
-        self._listener: Any = None
+        self._views: list[StaticDiscovery] = []
+        self._links: set[_FaultyLink] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: Listener | None = None
         self.address = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._feed_resumed: asyncio.Event = None  # type: ignore[assignment]  # created on the loop
 
     # ------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> Self:
         self.loop = asyncio.get_running_loop()
-        self._feed_resumed = asyncio.Event()
-        self._feed_resumed.set()
-        self.partitions = {pid: _MockPartition(self, pid) for pid in range(self.num_partitions)}
-        self._transport = MemoryTransport()
+        self.partitions = {pid: self._new_partition(pid, 1) for pid in range(self.num_partitions)}
+        await asyncio.gather(*(p.open() for p in self.partitions.values()))
+        self._transport = MemoryTransport(self._transport_config.max_frame_size)
         self._listener = await self._transport.listen("mock-waltz", 0, self._serve)
         self.address = self._listener.address
         return self
 
     async def stop(self) -> None:
         for view in self._views:
-            view._listeners.clear()
+            await view.close()  # no owner changes reach the clients any more
         for link in list(self._links):
             await link.close()
         if self._listener is not None:
             await self._listener.close()
-        tasks = [p.task for p in self.partitions.values()]
-        tasks += [s.feed for p in self.partitions.values() for s in p.clients.values() if s.feed is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Moves and link closes end on their own, quickly; a move cut short could leave a store
+        # session open. Cancel only what is stuck.
+        if self._tasks:
+            _done, stuck = await asyncio.wait(self._tasks, timeout=5)
+            for t in stuck:
+                t.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
+        partitions = [*self._retired, *self.partitions.values()]
+        await asyncio.gather(*(p.close() for p in partitions), return_exceptions=True)
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -303,12 +271,28 @@ class MockCluster:
         loop.close()
         self._thread = None
 
+    def _new_partition(self, partition_id: int, generation: int) -> Partition:
+        cfg = self._server_config
+        # The in-flight window of the server's ReplicatedStore.
+        store = MemoryStore(self._logs[partition_id], window=max(4 * cfg.max_batch_size, 64),
+                            commit_delay=self._commit_delay)
+        return Partition(partition_id, generation, store, self._lock_table, cfg,
+                         max_frame_size=self._transport_config.max_frame_size, budgets=self._budgets)
+
+    def _commit_delay(self) -> float:
+        return self._rng.uniform(0.0, self._max_delay) if self._max_delay > 0 else 0.0
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -------------------------------------------------------------------------------- clients
 
     def client_process_config(self) -> ClientProcessConfig:
-        return ClientProcessConfig(client=self._client_config, transport=TransportConfig(name="memory"))
+        return ClientProcessConfig(client=self._client_config, transport=self._transport_config)
 
-    def discovery(self) -> Any:
+    def discovery(self) -> StaticDiscovery:
         """A discovery view for one client (shares the cluster's client-id counter)."""
         from ..client.discovery import StaticDiscovery
 
@@ -319,7 +303,7 @@ class MockCluster:
     def _owners(self) -> dict[int, PartitionOwner]:
         return {pid: PartitionOwner(self.address, p.generation, 1) for pid, p in self.partitions.items()}
 
-    def client(self, callbacks: Any, config: ClientProcessConfig | None = None) -> Any:
+    def client(self, callbacks: WaltzClientCallbacks, config: ClientProcessConfig | None = None) -> WaltzClient:
         """A started :class:`~waltz_core.client.WaltzClient` on this cluster (``with MockCluster`` mode)."""
         from ..client.sync import WaltzClient
 
@@ -327,7 +311,7 @@ class MockCluster:
             raise RuntimeError("sync clients need the cluster's own loop thread: use 'with MockCluster(...)'")
         return WaltzClient(callbacks, config or self.client_process_config(), discovery=self.discovery(), loop=self.loop)
 
-    def async_client(self, callbacks: Any, config: ClientProcessConfig | None = None) -> Any:
+    def async_client(self, callbacks: WaltzClientCallbacks, config: ClientProcessConfig | None = None) -> AsyncWaltzClient:
         """An unstarted :class:`~waltz_core.client.AsyncWaltzClient` (``async with`` it)."""
         from ..client.core import AsyncWaltzClient
 
@@ -336,6 +320,7 @@ class MockCluster:
     # ------------------------------------------------------------------------ fault injection
 
     def _soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the cluster's loop: at once on it, waiting for it from another thread."""
         loop = self.loop
         assert loop is not None, "the cluster is not started"
         if self._thread is not None and threading.current_thread() is not self._thread:
@@ -350,6 +335,7 @@ class MockCluster:
         self._fault_rate = rate
 
     def force_next_append_fail(self) -> None:
+        """Drop the next append (the client's monitor finds out)."""
         self._fail_next_append = True
 
     def force_next_lock_fail(self) -> None:
@@ -357,7 +343,7 @@ class MockCluster:
         self._fail_next_lock = True
 
     def set_max_delay(self, seconds: float) -> None:
-        """Delay every append by up to ``seconds`` (uniformly random) before it commits."""
+        """Delay the commit of every append by up to ``seconds`` (uniformly random), order kept."""
         self._max_delay = max(0.0, seconds)
 
     def corrupt_next_data(self, count: int = 1) -> None:
@@ -365,35 +351,65 @@ class MockCluster:
         self._corrupt_data = count
 
     def suspend_feed(self) -> None:
-        self._soon(self._feed_resumed.clear)
+        """Hold back feed records and mount answers to every client (appends still commit)."""
+        def suspend() -> None:
+            self._feed_suspended = True
+        self._soon(suspend)
 
     def resume_feed(self) -> None:
-        self._soon(self._feed_resumed.set)
+        """Send what :meth:`suspend_feed` held back, and feed as usual again."""
+        def resume() -> None:
+            self._feed_suspended = False
+            for link in self._links:
+                link.release()
+        self._soon(resume)
 
     def disconnect_clients(self) -> None:
         """Close every client connection (clients reconnect and re-mount)."""
         def close_all() -> None:
             for link in list(self._links):
-                asyncio.get_running_loop().create_task(link.close())
+                self._spawn(link.close())
         self._soon(close_all)
 
     def move_partition(self, partition_id: int) -> None:
-        """Give the partition a new generation (as a reassignment does) and tell the clients."""
+        """Give the partition a new generation (as a reassignment does) and tell the clients.
+
+        The new generation's partition takes messages at once (they wait in its queue until it
+        has opened); the old one closes, its clients hear ``FeedSuspended``.
+        """
         def move() -> None:
-            self.partitions[partition_id].bump_generation()
+            old = self.partitions[partition_id]
+            new = self._new_partition(partition_id, old.generation + 1)
+            self.partitions[partition_id] = new
+            self._retired.append(old)
+            self._spawn(self._replace(old, new))
             owners = self._owners()
             for view in self._views:
                 view.set_owners(owners)
         self._soon(move)
 
+    async def _replace(self, old: Partition, new: Partition) -> None:
+        await old.close()  # first: a store session must end before the next one opens on its log
+        try:
+            await new.open()
+        except WaltzError as exc:
+            log.warning("mock partition %d (generation %d) could not open: %s", new.partition_id, new.generation, exc)
+
     # ---------------------------------------------------------------------------- inspection
 
+    @property
+    def lock_failures(self) -> int:
+        """Appends answered with a lock failure: by the partitions' lock tables, and forced ones."""
+        partitions = [*self._retired, *self.partitions.values()]
+        return self._forced_lock_failures + sum(p.lock_failures for p in partitions)
+
     def high_water_mark(self, partition_id: int) -> int:
-        return self.partitions[partition_id].hwm
+        return self._logs[partition_id].high_water_mark
 
     def transactions(self, partition_id: int) -> list[LoggedTransaction]:
         """The committed log of a partition (a copy)."""
-        return list(self.partitions[partition_id].log)
+        appends = self._appends
+        return [_logged(r, appends[r.req_id]) for r in self._logs[partition_id].committed()]
 
     # -------------------------------------------------------------------------------- serving
 
@@ -403,30 +419,49 @@ class MockCluster:
         except WaltzError:
             await conn.close()
             return
-        link = ClientLink(channel)
+        link = _FaultyLink(self, channel, self._server_config)
         self._links.add(link)
         try:
-            while True:
-                msg = await channel.recv()
-                t = type(msg)
-                p = self.partitions.get(msg.req_id.partition_id)
-                if p is None:
-                    continue
-                if t in (m.AppendRequest, m.MountRequest, m.FlushRequest):
-                    await p.queue.put((msg, link))
-                elif t is m.TransactionDataRequest:
-                    p.serve_data(msg, link)
-                elif t is m.TransactionDataRangeRequest:
-                    p.serve_data_range(msg, link)
-                elif t is m.HighWaterMarkRequest:
-                    link.post(m.HighWaterMarkResponse(msg.req_id, p.hwm))
-        except (ConnectionClosedError, ProtocolError, TransportError):
-            pass
+            await read_client_messages(link, self._inbound_links, _ignore_admin)
+        except (ConnectionClosedError, ProtocolError, TransportError) as exc:
+            log.debug("mock cluster: connection from %s ended: %s", link.peer, exc)
         finally:
             self._links.discard(link)
-            for p in self.partitions.values():
-                p.disconnect(link)
+            for partition in list(self.partitions.values()):
+                partition.disconnect(link)
             await link.close()
+
+    def _inbound(self, partition_id: int, msg: Any, link: ClientLink) -> asyncio.Future[None] | None:
+        """One message on its way to partition ``partition_id``: the inbound faults, then the partition."""
+        partition = self.partitions[partition_id]
+        t = type(msg)
+        if t is m.AppendRequest:
+            if self._fail_next_append or (self._fault_rate > 0 and self._rng.random() < self._fault_rate):
+                self._fail_next_append = False
+                self.dropped_appends += 1
+                return None  # lost on the way, as with a connection: the client's monitor finds out
+            if self._fail_next_lock:
+                self._fail_next_lock = False
+                self._forced_lock_failures += 1
+                link.post(m.LockFailure(msg.req_id, partition.high_water_mark))
+                return None
+            self._appends[msg.req_id] = _AppendLocks(msg.client_high_water_mark, msg.write_locks, msg.read_locks,
+                                                     msg.append_locks)
+        elif t is m.TransactionDataRequest:
+            self.data_requests.append((partition_id, msg.transaction_id))
+        elif t is m.TransactionDataRangeRequest:
+            self.data_range_requests.append((partition_id, msg.first_transaction_id, msg.max_count))
+        return partition.offer(msg, link)
+
+
+def _logged(record: Record, locks: _AppendLocks) -> LoggedTransaction:
+    return LoggedTransaction(record.transaction_id, record.req_id, record.header, record.data, record.checksum,
+                             locks.client_high_water_mark, locks.write_locks, locks.read_locks, locks.append_locks)
+
+
+def _ignore_admin(msg: Any, link: ClientLink) -> None:
+    # No cluster manager and no storage nodes here: the admin requests have nothing to act on.
+    log.debug("mock cluster: %s from %s ignored", type(msg).__name__, link.peer)
 
 
 async def _call(fn: Callable[[], None]) -> None:
