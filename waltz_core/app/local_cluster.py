@@ -8,6 +8,11 @@ would with ``waltz cluster ...``. Two runners start the processes:
   (fast; for tests that do not need to kill a process);
 * :class:`ProcessCluster` runs each as a real ``waltz storage start`` / ``waltz server start``
   subprocess (for kill -9 tests, ``waltz up`` and benchmarks).
+
+A cluster is an entry point: the spec holds the :class:`~waltz_core.runtime.Runtime` (given, or
+built with ``Runtime.load()``) that its own tools (bootstrap, admin connections, offline reads)
+and the nodes :class:`InProcessCluster` runs use. Subprocesses build their own, from the same
+environment (``WALTZ_PLUGINS``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Self
 
 import attrs
 
-from .config import (
+from ..config import (
     ClientProcessConfig,
     CoordinationConfig,
     ServerProcessConfig,
@@ -33,14 +38,16 @@ from .config import (
     TransportConfig,
     build,
 )
-from .coordination import open_coordination
-from .coordination.recipes import StoreMetadata, create_cluster, get_cluster_params
-from .errors import ClusterNotFoundError, WaltzError
-from .plugins import default_registries
-from .ports import free_ports
-from .protocol.wire import Record
-from .storage.client import StorageAdminClient
-from .transport import listen_address, open_transport
+from ..coordination import open_coordination
+from ..coordination.recipes import StoreMetadata, create_cluster, get_cluster_params
+from ..errors import ClusterNotFoundError, WaltzError
+from ..ports import free_ports
+from ..protocol.wire import Record
+from ..retry import RetryPolicy
+from ..runtime import Runtime
+from ..storage import open_layout
+from ..storage.client import StorageAdminClient
+from ..transport import listen_address, open_transport
 
 
 def _toml_value(v: Any) -> str:
@@ -106,6 +113,8 @@ class ClusterSpec:
     client_transport_options: dict[str, Any] | None = None
     storages: list[NodeSpec] = attrs.Factory(list)
     servers: list[NodeSpec] = attrs.Factory(list)
+    #: plugins and registries of this cluster's tools and in-process nodes (not part of the spec's value)
+    runtime: Runtime = attrs.field(factory=Runtime.load, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -114,7 +123,7 @@ class ClusterSpec:
                                                    session_timeout=3.0)
 
     @classmethod
-    def load(cls, directory: Path | str) -> ClusterSpec | None:
+    def load(cls, directory: Path | str, runtime: Runtime | None = None) -> ClusterSpec | None:
         """The spec of a cluster whose configs were written in ``directory`` earlier (same ports,
         same coordination), or None if there is none. ``num_partitions`` comes from ``spec.toml``."""
         import tomllib
@@ -146,7 +155,7 @@ class ClusterSpec:
                    coordination=client.coordination, cluster_name=str(meta.get("cluster_name", "waltz-local")),
                    http=any(n.http_port for n in storages + servers), host=str(first.get("storage", {}).get("host", "127.0.0.1")),
                    insecure=bool(first.get("security", {}).get("insecure", False)),
-                   storages=storages, servers=servers)
+                   storages=storages, servers=servers, runtime=runtime or Runtime.load())
         address = spec._address_format()
         for node in storages + servers:
             node.address = address(*binds[node.name])
@@ -211,7 +220,8 @@ class ClusterSpec:
     def _address_format(self) -> Callable[[str, int], str]:
         """Addresses belong to the transport (``host:port``, ``unix:/path``): ask it. Only to
         format addresses: a transport allocates nothing before its first connect or listen."""
-        transport = open_transport(build(TransportConfig, self._common()["transport"], "transport"))
+        transport = open_transport(build(TransportConfig, self._common()["transport"], "transport"),
+                                   self.runtime.registries)
         return lambda host, port: listen_address(transport, host, port)
 
     def admin_address(self, i: int) -> str:
@@ -245,7 +255,7 @@ class ClusterSpec:
     async def bootstrap(self) -> bool:
         """Create the cluster and its replica assignment if absent. True if it was created now."""
         assert self.coordination is not None
-        backend = open_coordination(self.coordination)
+        backend = open_coordination(self.coordination, self.runtime.registries)
         await backend.start()
         try:
             try:
@@ -265,10 +275,10 @@ class ClusterSpec:
 
     async def store_params(self) -> tuple[uuid.UUID, int]:
         """The cluster key and partition count from coordination (what every storage node checks)."""
-        from .storage.process import store_params_from_coordination
+        from ..storage.process import store_params_from_coordination
 
         assert self.coordination is not None
-        return await store_params_from_coordination(self.coordination)
+        return await store_params_from_coordination(self.coordination, self.runtime.registries)
 
     def read_replica(self, i: int, key: uuid.UUID, num_partitions: int,
                      partitions: Iterable[int] | None = None) -> dict[int, list[Record]]:
@@ -277,7 +287,7 @@ class ClusterSpec:
         The node must be stopped (the layout takes its files); for comparing replicas in tests.
         """
         cfg = self.storage_config(i).storage
-        layout = default_registries().resolve("storage_layout", cfg.layout).factory(cfg.directory, cfg)
+        layout = open_layout(cfg, self.runtime.registries)
         layout.open(key, num_partitions)
         out: dict[int, list[Record]] = {}
         try:
@@ -297,7 +307,7 @@ class ClusterSpec:
     async def assign_on_storage(self, i: int, timeout: float = 60.0) -> None:
         """Tell storage node ``i`` (admin port) to hold every partition the metadata gives it."""
         assert self.coordination is not None
-        backend = open_coordination(self.coordination)
+        backend = open_coordination(self.coordination, self.runtime.registries)
         await backend.start()
         try:
             sm = StoreMetadata(backend, self.coordination.root)
@@ -305,18 +315,14 @@ class ClusterSpec:
             partitions = (await sm.get_replica_assignments()).get(self.storages[i].address, [])
         finally:
             await backend.close()
-        transport = open_transport(self.transport_config)
-        deadline = time.monotonic() + timeout
+        transport = open_transport(self.transport_config, self.runtime.registries)
         try:
-            while True:
-                try:
-                    admin = await StorageAdminClient.connect(transport, self.admin_address(i), params.cluster_key,
-                                                             params.num_partitions)
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.05)
+            # The node may still be starting: any failure (refused, not listening yet) is retried
+            # every 50 ms (jittered) until ``timeout``, then the last one propagates.
+            admin = await RetryPolicy(initial=0.05, maximum=0.05, deadline=timeout).call(
+                lambda: StorageAdminClient.connect(transport, self.admin_address(i), params.cluster_key,
+                                                   params.num_partitions),
+                retry_if=lambda exc: True)
             try:
                 if partitions:
                     await admin.set_assignment(sorted(partitions), True)
@@ -361,10 +367,11 @@ class InProcessCluster:
             raise
 
     async def start_storage(self, i: int) -> None:
-        from .storage.process import run_storage
+        from ..storage.process import run_storage
 
         stop = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(run_storage(self.spec.storage_config(i), stop=stop, announce=False))
+        task = asyncio.get_running_loop().create_task(run_storage(self.spec.storage_config(i), self.spec.runtime,
+                                                                  stop=stop, announce=False))
         self._storage_stops[i] = (stop, task)
         await self.spec.assign_on_storage(i)
 
@@ -374,9 +381,9 @@ class InProcessCluster:
         await task
 
     async def start_server(self, i: int) -> Any:
-        from .server.server import WaltzServer
+        from ..server.server import WaltzServer
 
-        server = WaltzServer(self.spec.server_config(i))
+        server = WaltzServer(self.spec.server_config(i), self.spec.runtime)
         await server.start()
         self.servers[i] = server
         return server
