@@ -311,11 +311,53 @@ def test_wants_flush_and_oldest() -> None:
     assert not s2.wants_flush()  # only a mounted session flushes
 
 
+def _after_wrap(s: Session[str]) -> None:
+    s._last = SEQ_MASK - 2  # as after 2**31 - 2 requests: the next ones wrap on the wire
+
+
 def test_sequence_numbers_stay_within_the_wire_range() -> None:
     s = mounted()
-    s._seq = itertools.count(SEQ_MASK)  # as after 2**31 requests
-    assert s.append("a", 1, 0.0) == SEQ_MASK
-    assert s.append("b", 1, 0.0) == 0
+    _after_wrap(s)
+    assert s.append("a", 1, 0.0) == SEQ_MASK - 1
+    assert s.append("b", 1, 0.0) == SEQ_MASK
+    assert s.append("c", 1, 0.0) == 0
+    assert s.append("d", 1, 0.0) == 1
+
+
+def test_fates_are_decided_across_a_wrap_of_the_sequence_numbers() -> None:
+    """Sent before is still "before" when the wire number wrapped in between: a commit after the
+    wrap fails the appends it skipped, and a flush after the wrap decides what was sent before it.
+    (Comparing wire numbers left the appends sent before the wrap pending for ever.)"""
+    s = mounted()
+    _after_wrap(s)
+    seqs = [s.append(x, 1, 0.0) for x in "abcd"]
+    assert seqs == [SEQ_MASK - 1, SEQ_MASK, 0, 1]
+    c = seqs[2]
+    entry = s.on_feed(ME, c, 0)  # a and b were lost; c committed
+    assert entry is not None and entry.item == "c"
+    assert [e.item for e in s.take_failed()] == ["a", "b"]
+    flush = s.flush()
+    assert flush.req_id.seq_num == 2
+    s.receive(m.FlushResponse(flush.req_id, 0))  # d never reached the log
+    assert s.flush_done(flush.req_id.seq_num)
+    assert [e.item for e in s.take_failed()] == ["d"]
+    assert s.take_flushed() == [2]
+    assert len(s) == 0
+
+
+def test_lock_failures_and_mounts_across_a_wrap() -> None:
+    s = mounted()
+    _after_wrap(s)
+    s.append("a", 1, 0.0)
+    s.append("b", 1, 0.0)
+    c = s.append("c", 1, 0.0)  # wire number 0
+    action = s.receive(m.LockFailure(s.req_id(c), 4))
+    assert isinstance(action, LockFailed) and action.entry.item == "c"
+    s.link_lost()
+    req = s.mount(2)  # wire number 1: sent after a and b
+    assert req.req_id.seq_num == 1
+    assert s.receive(m.MountResponse(req.req_id, m.PartitionState.READY)) is MOUNTED
+    assert [e.item for e in s.take_failed()] == ["a", "b"]
 
 
 # ------------------------------------------------------------------ a model of the server

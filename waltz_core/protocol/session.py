@@ -66,7 +66,10 @@ are queued in :attr:`Session.failed` and :attr:`Session.flushed`; the driver tak
 event (both are empty almost always, so checking them costs one attribute test).
 
 Sequence numbers (a ReqId's ``seq_num``) of a session's requests grow with the order they are
-made, so "sent before" is "smaller sequence number".
+made, so "sent before" is "smaller sequence number". On the wire they are 31 bits and wrap (after
+2**31 requests: under a day at 30,000 transactions per second); the session counts with unbounded
+ints and maps a number from the server back to the request it names, which is never more than
+2**31 requests old (serial-number arithmetic, RFC 1982).
 
 Cost: :meth:`Session.on_feed` and :meth:`Session.append` run once per transaction and call no
 hooks; an append allocates its :class:`PendingAppend`, a feed record of another client nothing.
@@ -75,7 +78,6 @@ hooks; an append allocates its :class:`PendingAppend`, a feed record of another 
 from __future__ import annotations
 
 import enum
-import itertools
 from collections.abc import Iterator, Mapping
 from typing import Final, Generic, TypeVar
 
@@ -210,7 +212,7 @@ class Session(Generic[T]):
     """
 
     __slots__ = ("client_id", "partition_id", "generation", "state", "hwm", "received", "mount_req",
-                 "apply_failures", "failed", "flushed", "_seq", "_pending", "_flushes", "_flush_targets")
+                 "apply_failures", "failed", "flushed", "_last", "_pending", "_flushes", "_flush_targets")
 
     def __init__(self, client_id: int, partition_id: int, high_water_mark: int = -1) -> None:
         self.client_id = client_id
@@ -222,11 +224,13 @@ class Session(Generic[T]):
         self.mount_req: ReqId | None = None  #: the mount request in flight (MOUNTING only)
         self.apply_failures = 0  #: apply failures in a row (the re-mount backoff)
         self.failed: list[PendingAppend[T]] = []  #: decided FAILED, for the driver to take
-        self.flushed: list[int] = []  #: sequence numbers of flushes done, for the driver to take
-        self._seq = itertools.count(1)
+        self.flushed: list[int] = []  #: wire sequence numbers of flushes done, for the driver to take
+        # Requests are counted with unbounded ints (the wire carries them modulo 2**31): the keys
+        # below are these counts, so "sent before" stays "smaller" across a wrap of the wire number.
+        self._last = 0  # the count of the last request made
         self._pending: dict[int, PendingAppend[T]] = {}  # insertion order == sequence order
         self._flushes: set[int] = set()  # flushes sent and not done
-        self._flush_targets: list[tuple[int, int]] = []  # (flush seq, high-water mark the feed must reach)
+        self._flush_targets: list[tuple[int, int]] = []  # (flush count, high-water mark the feed must reach)
 
     def __repr__(self) -> str:
         return (f"Session(partition={self.partition_id}, {self.state.value}, generation={self.generation}, "
@@ -241,8 +245,15 @@ class Session(Generic[T]):
             raise SessionStateError(f"partition {self.partition_id}: {event.value} in state "
                                     f"{self.state.value}") from None
 
-    def _next_seq(self) -> int:
-        return next(self._seq) & SEQ_MASK
+    def _next_count(self) -> int:
+        self._last += 1
+        return self._last
+
+    def _count_of(self, seq: int) -> int:
+        """The count of the request whose wire sequence number is ``seq``: the latest one made with
+        that number (a server only names requests it was sent)."""
+        last = self._last
+        return last - ((last - seq) & SEQ_MASK)
 
     def req_id(self, seq: int) -> ReqId:
         """The request id of this session's request ``seq`` (an append's, for drivers that send
@@ -262,7 +273,7 @@ class Session(Generic[T]):
         """The mount request to send now (from the client high-water mark). ``network_seq`` is the
         sequence number of the driver's connection: the server ignores mounts of older ones."""
         self._move(SessionEvent.MOUNT)
-        req = self.mount_req = self.req_id(self._next_seq())
+        req = self.mount_req = self.req_id(self._next_count() & SEQ_MASK)
         return m.MountRequest(req, self.hwm, network_seq)
 
     def link_lost(self) -> None:
@@ -298,16 +309,17 @@ class Session(Generic[T]):
 
     def append(self, item: T, attempts: int, now: float) -> int:
         """An append is being sent: its sequence number (the ReqId ``seq_num`` to send it with)."""
-        seq = next(self._seq) & SEQ_MASK
-        self._pending[seq] = PendingAppend(seq, item, attempts, now)
+        self._last = count = self._last + 1
+        seq = count & SEQ_MASK
+        self._pending[count] = PendingAppend(seq, item, attempts, now)
         return seq
 
     def flush(self) -> m.FlushRequest:
         """The flush request to send now: once answered and the feed reached the answer, every
         append sent before it is decided (its sequence number is :meth:`flush_done`'s key)."""
-        seq = self._next_seq()
-        self._flushes.add(seq)
-        return m.FlushRequest(self.req_id(seq))
+        count = self._next_count()
+        self._flushes.add(count)
+        return m.FlushRequest(self.req_id(count & SEQ_MASK))
 
     # ---------------------------------------------------------------------- server events
 
@@ -321,9 +333,11 @@ class Session(Generic[T]):
         entry = None
         if client_id == self.client_id:
             pending = self._pending
-            entry = pending.pop(seq, None)
-            if entry is not None and pending and next(iter(pending)) < seq:
-                self._fail_before(seq)  # older appends of ours were skipped: they failed
+            last = self._last
+            count = last - ((last - seq) & SEQ_MASK)  # _count_of, inline: once per own commit
+            entry = pending.pop(count, None)
+            if entry is not None and pending and next(iter(pending)) < count:
+                self._fail_before(count)  # older appends of ours were skipped: they failed
         if transaction_id > received:
             self.received = transaction_id
             if self._flush_targets:
@@ -352,9 +366,9 @@ class Session(Generic[T]):
         state = msg.state
         if state is m.PartitionState.READY:
             self._move(SessionEvent.ANSWER_READY)
-            seq = msg.req_id.seq_num
-            self._fail_before(seq)
-            self._finish_flushes_before(seq)
+            count = self._count_of(msg.req_id.seq_num)
+            self._fail_before(count)
+            self._finish_flushes_before(count)
             return MOUNTED
         if state is m.PartitionState.NOT_READY:
             self._move(SessionEvent.ANSWER_NOT_READY)
@@ -365,15 +379,15 @@ class Session(Generic[T]):
     def _on_lock_failure(self, msg: m.LockFailure) -> LockFailed[T] | None:
         if msg.req_id.client_id != self.client_id:
             return None
-        entry = self._pending.pop(msg.req_id.seq_num, None)
+        entry = self._pending.pop(self._count_of(msg.req_id.seq_num), None)
         if entry is None:
             return None  # decided already (a READY mount failed it)
         return LockFailed(entry, msg.transaction_id, msg.transaction_id <= self.hwm)
 
     def _on_flush_response(self, msg: m.FlushResponse) -> None:
-        seq = msg.req_id.seq_num
-        if seq in self._flushes:
-            self._flush_targets.append((seq, msg.transaction_id))
+        count = self._count_of(msg.req_id.seq_num)
+        if count in self._flushes:
+            self._flush_targets.append((count, msg.transaction_id))
             self._check_flushes()
 
     def _on_feed_suspended(self, msg: m.FeedSuspended) -> RemountLater | None:
@@ -385,14 +399,14 @@ class Session(Generic[T]):
 
     # ------------------------------------------------------------------------------ fates
 
-    def _fail_before(self, seq: int) -> None:
-        """Every pending append sent before ``seq`` failed."""
+    def _fail_before(self, count: int) -> None:
+        """Every pending append sent before request ``count`` failed."""
         pending = self._pending
-        if not pending or next(iter(pending)) >= seq:
+        if not pending or next(iter(pending)) >= count:
             return  # the usual case: appends commit in the order they were sent
         failed = self.failed
         for key in list(pending):
-            if key >= seq:
+            if key >= count:
                 break
             failed.append(pending.pop(key))
 
@@ -400,22 +414,22 @@ class Session(Generic[T]):
         """Flushes whose answer the feed reached are done; appends sent before them failed."""
         received = self.received
         keep = []
-        for seq, target in self._flush_targets:
+        for count, target in self._flush_targets:
             if received >= target:
-                self._fail_before(seq)
-                self._flushes.discard(seq)
-                self.flushed.append(seq)
+                self._fail_before(count)
+                self._flushes.discard(count)
+                self.flushed.append(count & SEQ_MASK)
             else:
-                keep.append((seq, target))
+                keep.append((count, target))
         self._flush_targets = keep
 
-    def _finish_flushes_before(self, seq: int) -> None:
+    def _finish_flushes_before(self, count: int) -> None:
         """A READY mount settles every flush sent before it (the server flushed its queue)."""
-        done = sorted(s for s in self._flushes if s < seq)
-        for s in done:
-            self._flushes.discard(s)
-        self.flushed.extend(done)
-        self._flush_targets = [(s, t) for s, t in self._flush_targets if s >= seq]
+        done = sorted(c for c in self._flushes if c < count)
+        for c in done:
+            self._flushes.discard(c)
+        self.flushed.extend(c & SEQ_MASK for c in done)
+        self._flush_targets = [(c, t) for c, t in self._flush_targets if c >= count]
 
     # ---------------------------------------------------------------------------- outboxes
 
@@ -451,8 +465,8 @@ class Session(Generic[T]):
         return bool(self._flushes)
 
     def flush_done(self, seq: int) -> bool:
-        """Whether the flush with sequence number ``seq`` is done (or unknown)."""
-        return seq not in self._flushes
+        """Whether the flush with (wire) sequence number ``seq`` is done (or unknown)."""
+        return self._count_of(seq) not in self._flushes
 
     def wants_flush(self, now: float | None = None, threshold: float = 0.0) -> bool:
         """Whether a flush should be sent: the session is READY, appends are pending, no flush is in
