@@ -280,7 +280,7 @@ def load_registries(pm: pluggy.PluginManager) -> Registries:
                        key=lambda impl: order[id(impl.plugin)])
         for impl in impls:
             others = [other.plugin for other in impls if other is not impl]
-            with registry._registering(impl.plugin_name, plugin_distribution(pm, impl.plugin)):
+            with registry.registering_plugin(impl.plugin_name, plugin_distribution(pm, impl.plugin)):
                 pm.subset_hook_caller(hook_name, remove_plugins=others)(registry=registry)
         regs[kind] = registry
     return Registries(**regs)

@@ -87,8 +87,11 @@ class Registry(Generic[F]):
         self._current_distribution = "?"
 
     @contextlib.contextmanager
-    def _registering(self, plugin: str, distribution: str) -> Iterator[None]:
-        """Attribute every :meth:`add` inside the block to ``plugin`` of ``distribution``."""
+    def registering_plugin(self, plugin: str, distribution: str) -> Iterator[None]:
+        """Attribute every :meth:`add` inside the block to ``plugin`` of ``distribution``.
+
+        Used by :func:`waltz_core.plugins.load_registries` around each plugin's hook call.
+        """
         self._current_plugin, self._current_distribution = plugin, distribution
         try:
             yield

@@ -240,9 +240,9 @@ async def list_cluster(backend: CoordinationBackend, root: str) -> ClusterListin
         partitions[pid] = (await store.get_partition_metadata(pid))[0]
     return ClusterListing(
         root=root, cluster=cluster, store=params, servers=await list_servers(backend, root), assignment=assignment,
-        replica_assignments=await store._read_map(store.paths.assignment, parse_replica_assignments, missing_ok=True),
-        groups=await store._read_map(store.paths.group, parse_str_int_map, missing_ok=True),
-        connections=await store._read_map(store.paths.connection, parse_admin_map, missing_ok=True),
+        replica_assignments=await store.get_replica_assignments(missing_ok=True),
+        groups=await store.get_groups(missing_ok=True),
+        connections=await store.get_connections(missing_ok=True),
         partitions=partitions,
     )
 
@@ -327,17 +327,22 @@ class StoreMetadata:
             raise _missing(self.backend, self.root, key)
         return decode(key, got.value, parse)
 
-    async def get_replica_assignments(self) -> dict[str, list[int]]:
-        """``{"host:port": [partition ids]}`` of every storage node."""
-        return await self._read_map(self.paths.assignment, parse_replica_assignments)
+    async def get_replica_assignments(self, *, missing_ok: bool = False) -> dict[str, list[int]]:
+        """``{"host:port": [partition ids]}`` of every storage node.
 
-    async def get_groups(self) -> dict[str, int]:
-        """``{"host:port": group id}`` of every storage node."""
-        return await self._read_map(self.paths.group, parse_str_int_map)
+        ``missing_ok``: an absent key reads as empty instead of raising ClusterNotFoundError
+        (:func:`list_cluster` uses it); the same holds for :meth:`get_groups` and :meth:`get_connections`.
+        """
+        return await self._read_map(self.paths.assignment, parse_replica_assignments, missing_ok=missing_ok)
 
-    async def get_connections(self) -> dict[str, int | str]:
-        """``{storage: admin port or admin address}`` of every storage node, as stored."""
-        return await self._read_map(self.paths.connection, parse_admin_map)
+    async def get_groups(self, *, missing_ok: bool = False) -> dict[str, int]:
+        """``{"host:port": group id}`` of every storage node (``missing_ok``: see :meth:`get_replica_assignments`)."""
+        return await self._read_map(self.paths.group, parse_str_int_map, missing_ok=missing_ok)
+
+    async def get_connections(self, *, missing_ok: bool = False) -> dict[str, int | str]:
+        """``{storage: admin port or admin address}`` of every storage node, as stored
+        (``missing_ok``: see :meth:`get_replica_assignments`)."""
+        return await self._read_map(self.paths.connection, parse_admin_map, missing_ok=missing_ok)
 
     async def get_admin_addresses(self) -> dict[str, str]:
         """``{storage: admin address}`` of every storage node."""

@@ -154,6 +154,10 @@ class PartitionWorker:
             self._open_store()
         return self.store.repairs() if self.store is not None else []
 
+    def load_on_thread(self) -> asyncio.Future[list[Repair]]:
+        """Run :meth:`load` on this partition's thread; :meth:`StorageNode.start` gathers these futures."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, self.load)
+
     def _open_store(self) -> None:
         try:
             self.store = self.node.layout.open_partition(self.partition_id)
@@ -472,7 +476,7 @@ class StorageNode:
         self.repairs.extend(self.layout.repairs())
         self.workers = [PartitionWorker(self, pid) for pid in range(self.num_partitions)]
         # Open partitions on their own threads: recovery of many partitions runs in parallel.
-        results = await asyncio.gather(*(loop.run_in_executor(w._executor, w.load) for w in self.workers))
+        results = await asyncio.gather(*(w.load_on_thread() for w in self.workers))
         for reps in results:
             self.repairs.extend(reps)
         self.repairs.extend(r for r in self.layout.repairs() if r not in self.repairs)

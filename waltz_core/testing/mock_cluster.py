@@ -116,38 +116,50 @@ class _AppendLocks:
 class _InboundLink:
     """Stands in front of one partition for the connection reader: inbound faults and records."""
 
-    cluster: MockCluster
+    #: ``route(partition_id, msg, link)``: the cluster's inbound faults, then the partition
+    route: Callable[[int, Any, ClientLink], asyncio.Future[None] | None]
     partition_id: int
 
     def offer(self, msg: Any, link: ClientLink) -> asyncio.Future[None] | None:
-        return self.cluster._inbound(self.partition_id, msg, link)
+        return self.route(self.partition_id, msg, link)
+
+
+@attrs.define(slots=True)
+class _OutboundFaults:
+    """The outbound faults of a :class:`MockCluster`, shared by its :class:`_FaultyLink` objects.
+
+    Set by the cluster's fault methods; read by the links as they post (which count ``corrupt_data`` down).
+    """
+
+    feed_suspended: bool = False  #: hold back feed records and mount answers
+    corrupt_data: int = 0  #: transaction data answers still to damage
 
 
 class _FaultyLink(ClientLink):
     """The server's :class:`ClientLink` with the outbound faults: held feeds, corrupted data."""
 
-    __slots__ = ("_cluster", "_held")
+    __slots__ = ("_faults", "_held")
 
-    def __init__(self, cluster: MockCluster, channel: MessageChannel, config: ServerConfig) -> None:
+    def __init__(self, faults: _OutboundFaults, channel: MessageChannel, config: ServerConfig) -> None:
         super().__init__(channel, inbound_high_water=config.inbound_high_water,
                          inbound_low_water=config.inbound_low_water)
-        self._cluster = cluster
+        self._faults = faults
         self._held: list[bytes] = []  # feed frames and mount answers held back while the feed is suspended
 
     def post(self, msg: Any) -> None:
-        cluster = self._cluster
+        faults = self._faults
         t = type(msg)
-        if cluster._feed_suspended and (t is m.FeedData or t is m.MountResponse):
+        if faults.feed_suspended and (t is m.FeedData or t is m.MountResponse):
             # A mount answer goes with the feed: READY must not overtake the records before it.
             if not self.closed:
                 self._held.append(self.channel.family.encode(msg))
             return
-        if cluster._corrupt_data > 0:
+        if faults.corrupt_data > 0:
             if t is m.TransactionDataResponse and msg.error is None:
-                cluster._corrupt_data -= 1
+                faults.corrupt_data -= 1
                 msg = attrs.evolve(msg, checksum=msg.checksum ^ _CORRUPTION)
             elif t is m.TransactionDataRangeResponse and msg.error is None and msg.checksums:
-                cluster._corrupt_data -= 1  # the first transaction of the answer arrives damaged
+                faults.corrupt_data -= 1  # the first transaction of the answer arrives damaged
                 msg = attrs.evolve(msg, checksums=(msg.checksums[0] ^ _CORRUPTION, *msg.checksums[1:]))
         super().post(msg)
 
@@ -157,7 +169,7 @@ class _FaultyLink(ClientLink):
 
     def post_frames(self, frames: list[bytes]) -> None:
         # Only feeds post pre-encoded frames (FeedData).
-        if self._cluster._feed_suspended:
+        if self._faults.feed_suspended:
             if not self.closed:
                 self._held.extend(frames)
             return
@@ -199,8 +211,7 @@ class MockCluster:
         self._fail_next_append = False
         self._fail_next_lock = False
         self._max_delay = 0.0
-        self._corrupt_data = 0
-        self._feed_suspended = False
+        self._outbound = _OutboundFaults()
         #: Data RPCs served, in order: (partition, transaction) and (partition, first, max count).
         self.data_requests: list[tuple[int, int]] = []
         self.data_range_requests: list[tuple[int, int, int]] = []
@@ -211,7 +222,7 @@ class MockCluster:
         #: The live partitions (the server's Partition objects), by id.
         self.partitions: dict[int, Partition] = {}
         self._retired: list[Partition] = []  # earlier generations (their lock-failure counts still count)
-        self._inbound_links = {pid: _InboundLink(self, pid) for pid in range(num_partitions)}
+        self._inbound_links = {pid: _InboundLink(self._inbound, pid) for pid in range(num_partitions)}
         self._client_ids = itertools.count(1)
         self._views: list[StaticDiscovery] = []
         self._links: set[_FaultyLink] = set()
@@ -348,18 +359,18 @@ class MockCluster:
 
     def corrupt_next_data(self, count: int = 1) -> None:
         """The next ``count`` transaction data answers carry a wrong checksum."""
-        self._corrupt_data = count
+        self._outbound.corrupt_data = count
 
     def suspend_feed(self) -> None:
         """Hold back feed records and mount answers to every client (appends still commit)."""
         def suspend() -> None:
-            self._feed_suspended = True
+            self._outbound.feed_suspended = True
         self._soon(suspend)
 
     def resume_feed(self) -> None:
         """Send what :meth:`suspend_feed` held back, and feed as usual again."""
         def resume() -> None:
-            self._feed_suspended = False
+            self._outbound.feed_suspended = False
             for link in self._links:
                 link.release()
         self._soon(resume)
@@ -419,7 +430,7 @@ class MockCluster:
         except WaltzError:
             await conn.close()
             return
-        link = _FaultyLink(self, channel, self._server_config)
+        link = _FaultyLink(self._outbound, channel, self._server_config)
         self._links.add(link)
         try:
             await read_client_messages(link, self._inbound_links, _ignore_admin)

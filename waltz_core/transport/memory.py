@@ -160,13 +160,21 @@ class MemoryConnection:
         return type(err)(str(err))  # a fresh instance: re-raising one object chains its tracebacks
 
     def _shutdown(self, error: TransportError | ProtocolError | None = None) -> None:
-        for conn in (self, self.other):
-            if conn is not None and not conn._closed:
-                conn._closed = True
-                if conn is self and error is not None:
-                    conn._error = error
+        if not self._closed:
+            self._closed = True
+            if error is not None:
+                self._error = error
+        if self.other is not None:
+            self.other.mark_closed_by_peer()
         self._inbox.close()
         self._outbox.close()
+
+    def mark_closed_by_peer(self) -> None:
+        """Mark this end closed: the other end shut the connection down (called by its ``_shutdown``).
+
+        Frames already queued for this end stay readable; the other end closes both pipes.
+        """
+        self._closed = True
 
     async def close(self) -> None:
         """Close both directions; frames already queued stay readable by the peer."""
@@ -188,7 +196,14 @@ class MemoryListener:
     def address(self) -> str:
         return self._address
 
-    def _accept(self, conn: MemoryConnection) -> None:
+    @property
+    def max_frame_size(self) -> int:
+        """The maximum frame size of the listening transport: :meth:`MemoryTransport.connect` gives it
+        to the accepted end of each connection."""
+        return self._transport.max_frame_size
+
+    def accept(self, conn: MemoryConnection) -> None:
+        """Run the handler on ``conn``, this side's end of a new connection (from :meth:`MemoryTransport.connect`)."""
         self._conns.add(conn)
         task = asyncio.get_running_loop().create_task(self._run(conn))
         self._tasks.add(task)
@@ -235,9 +250,9 @@ class MemoryTransport:
         a_to_b, b_to_a = _Pipe(n), _Pipe(n)
         client = MemoryConnection(address, inbox=b_to_a, outbox=a_to_b, max_frame_size=self.max_frame_size)
         server = MemoryConnection(f"{address}-client", inbox=a_to_b, outbox=b_to_a,
-                                  max_frame_size=listener._transport.max_frame_size)
+                                  max_frame_size=listener.max_frame_size)
         client.other, server.other = server, client
-        listener._accept(server)
+        listener.accept(server)
         return client
 
     async def listen(self, host: str, port: int, handler: ConnectionHandler) -> MemoryListener:

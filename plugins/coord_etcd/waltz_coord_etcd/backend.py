@@ -162,7 +162,7 @@ class _Watch:
     def responder(self, generation: int) -> Callable[[Any], None]:
         """The callback for pyetcd's watch thread, tagged with the arming it belongs to."""
         def on_response(response: Any) -> None:
-            self.backend._post(self.backend._on_watch_response, self, response, generation)
+            self.backend.post_watch_response(self, response, generation)
         return on_response
 
     def cancel(self) -> None:
@@ -170,10 +170,7 @@ class _Watch:
         if self.cancelled:
             return
         self.cancelled = True
-        self.backend._watches.discard(self)
-        if self.watch_id is not None:
-            self.backend._cancel_server_watch(self.watch_id)
-            self.watch_id = None
+        self.backend.release_watch(self)
 
 
 class EtcdBackend:
@@ -336,7 +333,7 @@ class EtcdBackend:
                 try:
                     return call(client)
                 except grpc.RpcError as exc:  # calls that bypass pyetcd's own error mapping
-                    client._manage_grpc_errors(exc)
+                    client._manage_grpc_errors(exc)  # noqa: SLF001 - pyetcd's error mapping + failover, not public
 
             try:
                 return await self._in_pool(run)
@@ -608,6 +605,23 @@ class EtcdBackend:
                 client.endpoint_in_use.fail()
             except Exception:  # noqa: BLE001 - bookkeeping only
                 pass
+
+    def post_watch_response(self, handle: _Watch, response: Any, generation: int) -> None:
+        """Hand a watch response (or the end of its stream) to the loop; never raises.
+
+        Called on pyetcd's watch thread by the callback of :meth:`_Watch.responder`.
+        """
+        self._post(self._on_watch_response, handle, response, generation)
+
+    def release_watch(self, handle: _Watch) -> None:
+        """Forget ``handle`` and cancel its server watch, if any; on the loop.
+
+        Called by :meth:`_Watch.cancel` once the handle is marked cancelled.
+        """
+        self._watches.discard(handle)
+        if handle.watch_id is not None:
+            self._cancel_server_watch(handle.watch_id)
+            handle.watch_id = None
 
     def _cancel_server_watch(self, watch_id: int) -> None:
         client, pool = self._client, self._pool

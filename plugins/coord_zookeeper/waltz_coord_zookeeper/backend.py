@@ -112,12 +112,12 @@ class _Watch:
     def _on_kazoo_event(self, event: WatchedEvent) -> None:
         if event.type == EventType.NONE:
             return  # a connection state change: the reconnect handler re-arms and fires every watch
-        self.backend._post(self.backend._fire, self)
+        self.backend.post_watch_event(self)
 
     def cancel(self) -> None:
         """Stop calling the callback; idempotent. Must be called on the backend's loop."""
         self.cancelled = True
-        self.backend._watches.discard(self)
+        self.backend.release_watch(self)
 
 
 class _BoundedConnectHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has no types: Any
@@ -484,6 +484,20 @@ class ZooKeeperBackend:
             fut.add_done_callback(_consume)
             futures.append(fut)
         return futures
+
+    def post_watch_event(self, handle: _Watch) -> None:
+        """Hand a ZooKeeper watch event of ``handle`` to the loop (there: :meth:`_fire`); never raises.
+
+        Called on a kazoo thread by :meth:`_Watch._on_kazoo_event`.
+        """
+        self._post(self._fire, handle)
+
+    def release_watch(self, handle: _Watch) -> None:
+        """Forget ``handle``: a reconnect no longer re-arms or fires it; on the loop.
+
+        Called by :meth:`_Watch.cancel` once the handle is marked cancelled.
+        """
+        self._watches.discard(handle)
 
     def _fire(self, handle: _Watch) -> None:
         """On the loop: re-arm ``handle``, then call its callback once the server has the new watches.

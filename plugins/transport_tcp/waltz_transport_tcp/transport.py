@@ -74,7 +74,8 @@ class TcpListener:
             self._conns.discard(conn)
             await conn.close()
 
-    async def _start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int) -> None:
+        """Bind ``host:port`` and start serving; ConnectError when it cannot. Called by :meth:`TcpTransport.listen`."""
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
@@ -155,7 +156,7 @@ class TcpTransport:
         if self.options.tls_enabled and self._server_ssl is None:
             raise ConfigError("tcp transport: TLS is on but tls_cert is not set, so it cannot listen with TLS")
         listener = TcpListener(handler, self.options, self.max_frame_size, self._server_ssl, self.connect_timeout)
-        await listener._start(host, port)
+        await listener.start(host, port)
         return listener
 
     async def aclose(self) -> None:

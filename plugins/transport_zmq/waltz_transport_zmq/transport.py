@@ -234,7 +234,7 @@ class ZmqListener:
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
         self._router.close(linger=0)
-        self._transport._listeners.discard(self)
+        self._transport.forget_listener(self)
 
 
 class _ClientLink:
@@ -497,6 +497,10 @@ class ZmqTransport:
         link.attach(conn)
         self._clients.add(conn)
         return conn
+
+    def forget_listener(self, listener: ZmqListener) -> None:
+        """Stop tracking ``listener`` for :meth:`aclose`; called by :meth:`ZmqListener.close` once it is closed."""
+        self._listeners.discard(listener)
 
     async def aclose(self) -> None:
         """Close listeners and client connections still open, stop ZAP, terminate the context."""

@@ -98,12 +98,15 @@ NUM_PARTITIONS = 2
 
 
 def requires_capability(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark a kit test as needing ``name``; subclasses that do not declare it do not get the test."""
+    """Mark a kit test as needing ``name``; subclasses that do not declare it do not get the test.
+
+    The mark is the test function's ``waltz_capabilities`` set, read by ``StorageLayoutConformance.__init_subclass__``.
+    """
     if name not in CAPABILITIES:
         raise ValueError(f"unknown storage-layout capability {name!r}")
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn._waltz_capabilities = getattr(fn, "_waltz_capabilities", frozenset()) | {name}  # type: ignore[attr-defined]
+        fn.waltz_capabilities = getattr(fn, "waltz_capabilities", frozenset()) | {name}  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -464,7 +467,7 @@ class StorageLayoutConformance(KitRuntime):
         for name in dir(cls):
             # The nearest definition: a parent subclass may have removed the test (None) for itself.
             test = next((c.__dict__[name] for c in cls.__mro__ if c.__dict__.get(name) is not None), None)
-            needs: frozenset[str] = getattr(test, "_waltz_capabilities", frozenset())
+            needs: frozenset[str] = getattr(test, "waltz_capabilities", frozenset())
             if not name.startswith("test_") or not needs:
                 continue
             if needs <= cls.capabilities:

@@ -102,10 +102,13 @@ async def _close_raw(writer: asyncio.StreamWriter) -> None:
 
 
 def requires_capability(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark a kit test as needing a capability; it is skipped for backends that do not declare it."""
+    """Mark a kit test as needing a capability; it is skipped for backends that do not declare it.
+
+    The mark is the test function's ``waltz_capabilities`` set, read by the kit's capability gate fixture.
+    """
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn._waltz_capabilities = getattr(fn, "_waltz_capabilities", frozenset()) | {name}  # type: ignore[attr-defined]
+        fn.waltz_capabilities = getattr(fn, "waltz_capabilities", frozenset()) | {name}  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -130,7 +133,7 @@ class TransportConformance(KitRuntime):
     # ---------------------------------------------------------------------------- fixtures
     @pytest.fixture(autouse=True)
     def _capability_gate(self, request: pytest.FixtureRequest) -> None:
-        needed: frozenset[str] = getattr(request.function, "_waltz_capabilities", frozenset())
+        needed: frozenset[str] = getattr(request.function, "waltz_capabilities", frozenset())
         missing = needed - self.capabilities
         if missing:
             pytest.skip(f"transport {self.backend_name!r} does not declare {', '.join(sorted(missing))}")

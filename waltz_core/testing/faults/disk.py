@@ -41,7 +41,7 @@ def install_sync_journal(journal: Path | str) -> None:
 
     Called by the ``_site/sitecustomize.py`` hook at interpreter start; idempotent.
     """
-    if getattr(os.fdatasync, "_waltz_journaled", False):
+    if getattr(os.fdatasync, "waltz_journaled", False):
         return
     fd_out = os.open(str(journal), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
@@ -65,8 +65,9 @@ def install_sync_journal(journal: Path | str) -> None:
         real_fdatasync(fd)
         record(fd if isinstance(fd, int) else fd.fileno())
 
-    fsync._waltz_journaled = True  # type: ignore[attr-defined]
-    fdatasync._waltz_journaled = True  # type: ignore[attr-defined]
+    # Marks the wrappers as ours: the check at the top makes a second call a no-op.
+    fsync.waltz_journaled = True  # type: ignore[attr-defined]
+    fdatasync.waltz_journaled = True  # type: ignore[attr-defined]
     os.fsync, os.fdatasync = fsync, fdatasync  # type: ignore[assignment]
 
 
