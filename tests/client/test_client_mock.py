@@ -345,6 +345,39 @@ def test_sync_client_refuses_flush_from_an_apply_callback() -> None:
             client.flush()
 
 
+def test_sync_client_refuses_async_callbacks_with_a_clear_error() -> None:
+    """An ``async def`` apply_transaction given to the blocking WaltzClient is reported through
+    uncaught_exception as a ClientError naming the fix, and never awaited (it used to be a coroutine
+    silently dropped, the transaction counted as applied)."""
+
+    class AsyncApp(WaltzClientCallbacks):
+        def __init__(self) -> None:
+            self.applied: list[int] = []
+            self.uncaught: list[BaseException] = []
+
+        def client_high_water_mark(self, partition_id: int) -> int:
+            return -1
+
+        async def apply_transaction(self, txn) -> None:
+            self.applied.append(txn.transaction_id)  # must never run
+
+        def uncaught_exception(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
+            self.uncaught.append(exc)
+
+    with MockCluster(1) as cluster:
+        app = AsyncApp()
+        with cluster.client(app) as client:
+            client.submit(Put(b"a"))
+            deadline = time.monotonic() + 5
+            while not app.uncaught and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert app.uncaught, "the error never reached uncaught_exception"
+        assert isinstance(app.uncaught[0], ClientError)
+        assert "use AsyncWaltzClient" in str(app.uncaught[0])
+        assert app.applied == []
+        assert [t.data for t in cluster.transactions(0)] == [b"a"]
+
+
 async def test_a_released_slot_passes_to_the_oldest_waiter_only() -> None:
     from waltz_core.client.partition import Partition
 
