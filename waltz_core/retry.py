@@ -177,14 +177,10 @@ class RetryPolicy:
                     pending_refresh = False
                 return await fn()
             except Exception as exc:
-                if not retry_if(exc):
-                    raise
-                delay = next(delays, None)
+                delay = _next_delay(exc, delays, retry_if, on_retry)
                 if delay is None:
                     raise
                 pending_refresh = pending_refresh or needs_refresh(exc)
-                if on_retry is not None:
-                    on_retry(exc, delay)
             await sleep(delay)
 
     def call_sync(
@@ -208,12 +204,20 @@ class RetryPolicy:
                     pending_refresh = False
                 return fn()
             except Exception as exc:
-                if not retry_if(exc):
-                    raise
-                delay = next(delays, None)
+                delay = _next_delay(exc, delays, retry_if, on_retry)
                 if delay is None:
                     raise
                 pending_refresh = pending_refresh or needs_refresh(exc)
-                if on_retry is not None:
-                    on_retry(exc, delay)
             sleep(delay)
+
+
+def _next_delay(exc: Exception, delays: Iterator[float], retry_if: Callable[[BaseException], bool],
+                on_retry: Callable[[BaseException, float], None] | None) -> float | None:
+    """The sleep before retrying after ``exc``, or None to give up and re-raise it (the decision
+    :meth:`RetryPolicy.call` and :meth:`RetryPolicy.call_sync` share)."""
+    if not retry_if(exc):
+        return None
+    delay = next(delays, None)
+    if delay is not None and on_retry is not None:
+        on_retry(exc, delay)
+    return delay
