@@ -141,7 +141,7 @@ def test_subclasses_outside_the_module_travel_as_their_nearest_coded_ancestor() 
         retriable = True  # not carried: the wire knows codes, and this class has none of its own
 
     class TimeoutLike(errors.RequestTimeoutError):
-        pass
+        """A subclass without a code of its own."""
 
     assert wire_code(RecoveryRefusedLike("no")) == StorageError.code
     assert type(error_from_wire(wire_code(TimeoutLike("t")), "t")) is errors.RequestTimeoutError

@@ -553,17 +553,22 @@ class SessionAgainstServer(RuleBasedStateMachine):
     def received_is_the_feed_position(self) -> None:
         assert self.s.received <= len(self.server.log) - 1
 
+    def settle(self) -> None:
+        """The server commits everything queued and streams it; every answer reaches the session."""
+        server = self.server
+        while server.inbound or server.outbound:
+            while server.inbound:
+                server.process("commit")
+            server.stream(len(server.log))
+            while server.outbound:
+                self.receive(server.outbound.popleft())
+
     def teardown(self) -> None:
         """Settle everything: the server processes what it has, a clean link mounts, a flush
         completes. Then every append is decided, and COMMITTED is exactly what the log holds."""
         server = self.server
         for _ in range(3):
-            while server.inbound or server.outbound:
-                while server.inbound:
-                    server.process("commit")
-                server.stream(len(server.log))
-                while server.outbound:
-                    self.receive(server.outbound.popleft())
+            self.settle()
             if server.connection and self.s.state is S.READY:
                 break
             self.lose_link(0)
@@ -571,12 +576,7 @@ class SessionAgainstServer(RuleBasedStateMachine):
             self.connect_and_mount()
         assert self.s.state is S.READY
         self.flush()
-        while server.inbound or server.outbound:
-            while server.inbound:
-                server.process("commit")
-            server.stream(len(server.log))
-            while server.outbound:
-                self.receive(server.outbound.popleft())
+        self.settle()
         assert len(self.s) == 0, f"undecided after a flush: {list(self.s.pending())}"
         assert not self.s.flushing, "the flush was answered and the feed reached its answer"
         assert set(self.fate) == set(self.seq_of.values())
