@@ -43,10 +43,20 @@ class Inbox(Generic[T]):
         return self._space
 
     async def wait(self) -> None:
-        """Return once something is queued (the consumer; one at a time)."""
-        while not self._items:
+        """Return once something is queued or :meth:`nudge` was called (the consumer; one at a time).
+
+        After a nudge the inbox may still be empty: the consumer checks what it was nudged for."""
+        if not self._items:
             self._ready = ready = asyncio.get_running_loop().create_future()
             await ready
+
+    def nudge(self) -> None:
+        """Wake a consumer waiting in :meth:`wait` although nothing was queued."""
+        ready = self._ready
+        if ready is not None:
+            self._ready = None
+            if not ready.done():
+                ready.set_result(None)
 
     def popleft(self) -> T:
         """The oldest item (IndexError when empty)."""

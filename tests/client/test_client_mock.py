@@ -548,15 +548,41 @@ async def test_conflicting_appends_in_flight_serialize_as_on_the_server() -> Non
         await a.mount()
         # Ten appends on one lock, each computed at the head before the previous committed.
         reqs = [await a.append(f"x{i}".encode(), hwm=-1, write=(7,)) for i in range(10)]
-        # The first is in flight; the second collides with it and waits for its commit (the
-        # append task holds it), it is not decided on the table without that commit.
-        await eventually(lambda: partition.queue_size == 8, 5, "the second append to wait", interval=0.005)
-        assert partition.pending_count == 1 and cluster.high_water_mark(0) == -1 and cluster.lock_failures == 0
+        # The first is in flight; the others collide with it and wait for its commit aside (the
+        # append task goes on with other appends), none is decided on the table without that commit.
+        await eventually(lambda: partition.blocked_count == 9, 5, "the colliding appends to wait", interval=0.005)
+        assert partition.queue_size == 0 and partition.pending_count == 1
+        assert cluster.high_water_mark(0) == -1 and cluster.lock_failures == 0
         failure = await a.until(m.LockFailure, reqs[1])
         assert failure.transaction_id == 0 and cluster.high_water_mark(0) == 0  # decided after the commit
         assert await a.flush() == 0
         assert [f.req_id for f in a.feed] == [reqs[0]]  # the first wins; the others read stale data
         assert cluster.lock_failures == 9
+
+
+async def test_a_conflict_waits_aside_and_does_not_hold_back_the_appends_behind_it() -> None:
+    async with MockCluster(1, seed=0) as cluster:
+        cluster.set_max_delay(0.6)  # seed 0: the first append stays in flight for about 0.5 s
+        partition = cluster.partitions[0]
+        a = await Raw.connect(cluster, 1)
+        await a.mount()
+        first = await a.append(b"w7", hwm=-1, write=(7,))
+        conflicting = await a.append(b"also-w7", hwm=-1, write=(7,))
+        other = await a.append(b"w8", hwm=-1, write=(8,))
+        plain = await a.append(b"no-locks")
+        # The appends behind the conflict went to the store while the first is still in flight.
+        await eventually(lambda: partition.pending_count == 3, 5, "the appends behind the conflict", interval=0.005)
+        assert partition.blocked_count == 1 and cluster.lock_failures == 0
+        # A flush answers only once the blocked append is decided too (here: failed, it read stale
+        # data): its LockFailure comes first.
+        flush = a.q()
+        await a.ch.send(m.FlushRequest(flush))
+        failure = await a.until(m.LockFailure)  # a FlushResponse before it is dropped: the next line times out
+        assert failure.req_id == conflicting and failure.transaction_id == 0
+        assert (await a.until(m.FlushResponse, flush)).transaction_id == 2 and partition.blocked_count == 0
+        while len(a.feed) < 3:
+            await a.until(m.FeedData)
+        assert [f.req_id for f in a.feed] == [first, other, plain]
 
 
 async def test_a_moved_partition_starts_a_new_lock_table_at_its_high_water_mark() -> None:

@@ -19,9 +19,10 @@ append that was accepted but is not committed yet must not be decided on the tab
 commit will change it. The partition's append task therefore drives one table like this, in
 commit order, on one thread (the table is not thread-safe and never blocks)::
 
-    while table.begin(request) is Begin.BUSY:     # collides with an in-flight append
-        await store.flush()                       # wait for in-flight commits, then retry
-        # (if nothing is in flight any more and begin is still BUSY: table.reset(store_hwm))
+    if table.begin(request) is Begin.BUSY:        # collides with an in-flight append
+        set the append aside; after the next commit call begin again (the appends behind it
+        go on meanwhile); if nothing is in flight any more and begin is still BUSY:
+        table.reset(store_hwm)
     conflict = table.check(request, client_high_water_mark)
     if conflict is not None:
         table.abort(request)                      # reply LOCK_FAILURE(req_id, conflict)

@@ -6,8 +6,11 @@ hands accepted appends to the store and, on commit, fills the feed and data cach
 the locks and advances the high-water mark. Feeds are one task per mounted client: they
 stream headers (never data) from the cache or, when behind it, from storage.
 
-Appends whose locks collide with an append still in flight *serialize*: the task waits for the
-in-flight appends to commit and checks again (the original flushes the store partition).
+Appends whose locks collide with an append still in flight *serialize*: they are decided once
+that append committed, never on a table the commit is about to change. The original flushes the
+store partition, which drains the whole pipeline for one conflict; here the colliding append
+waits in a side list while the appends behind it go on, so a conflict does not break the batch
+that carries it. Flushes and mounts wait for that list as for the appends in flight.
 """
 
 from __future__ import annotations
@@ -136,6 +139,10 @@ class Partition:
         #: appends, flushes and mounts in arrival order; connection readers wait while it is full
         self._inbox: Inbox[tuple[m.AppendRequest, ClientLink] | _Barrier] = Inbox(config.append_queue_size)
         self._pending: deque[_Pending] = deque()
+        #: appends whose locks collided with an append in flight, oldest first: retried after commits
+        self._blocked: deque[tuple[m.AppendRequest, ClientLink, LockRequest]] = deque()
+        self._commits = 0  #: commit batches (and session resets) seen; blocked appends retry when it moves
+        self._retried = 0  #: the value of _commits at the last retry of the blocked appends
         # The server's budgets (feed, data), shared with its other partitions; a budget of our own
         # when the partition stands alone (tests).
         feed_budget, data_budget = budgets or (CacheBudget(config.feed_cache_budget),
@@ -180,6 +187,7 @@ class Partition:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._inbox.clear()  # a reader waiting for room must not wait for a closed partition
+        self._blocked.clear()
         for slot in self._clients.values():
             slot.link.post(m.FeedSuspended(ReqId(0, self.generation, self.partition_id, 0)))
         self._clients.clear()
@@ -234,11 +242,14 @@ class Partition:
     async def _append_loop(self) -> None:
         inbox = self._inbox
         while True:
-            if not inbox:
-                await inbox.wait()
-            item = inbox.popleft()
-            (item.link if type(item) is _Barrier else item[1]).inbound_done()
             try:
+                if self._blocked and self._retried != self._commits:
+                    self._retry_blocked()
+                if not inbox:
+                    await inbox.wait()  # returns on an arrival, or on a commit while appends are blocked
+                    continue
+                item = inbox.popleft()
+                (item.link if type(item) is _Barrier else item[1]).inbound_done()
                 if type(item) is _Barrier:
                     await self._barrier(item)
                 elif not self._append_now(*item):
@@ -262,7 +273,10 @@ class Partition:
         if req.write_locks or req.read_locks or req.append_locks:
             request = LockRequest.from_append(req)
             if self.locks.begin(request) is not Begin.OK:  # type: ignore[union-attr]
-                return False  # collides with an append in flight: the awaiting path serialises it
+                if not self._pending:
+                    return False  # nothing in flight to wait for: stale marks, the awaiting path resets
+                self._blocked.append((req, link, request))  # decided once the collision committed
+                return True
         self._decide(req, link, request)
         return True
 
@@ -278,11 +292,35 @@ class Partition:
             await self.store.wait_writable()
             if request is NO_LOCKS or locks.begin(request) is Begin.OK:
                 break
-            if self._pending:
-                await self.store.flush()  # collides with an append in flight: let it commit first
-            else:
-                locks.reset(self.high_water_mark)  # nothing in flight: stale marks (as the original)
+            if self._pending:  # collides with an append in flight: decided once that one committed
+                self._blocked.append((req, link, request))
+                return
+            locks.reset(self.high_water_mark)  # nothing in flight: stale marks (as the original)
         self._decide(req, link, request)
+
+    def _retry_blocked(self) -> None:
+        """Decide the blocked appends that no longer collide, oldest first, without awaiting; the
+        others keep their order. Stops at a store that is not writable (the next commit retries)."""
+        self._retried = self._commits
+        locks = self.locks
+        assert locks is not None
+        blocked, still = self._blocked, deque[tuple[m.AppendRequest, ClientLink, LockRequest]]()
+        while blocked:
+            if not self.store.writable:
+                still.extend(blocked)
+                break
+            req, link, request = item = blocked.popleft()
+            if not self._is_current(req.req_id, link):
+                continue  # its connection or generation went stale while it waited: ignored
+            if locks.begin(request) is not Begin.OK:
+                if self._pending:
+                    still.append(item)
+                    continue
+                locks.reset(self.high_water_mark)  # nothing in flight: stale marks (as the original)
+                if locks.begin(request) is not Begin.OK:  # a table must accept after a reset
+                    raise WaltzError(f"partition {self.partition_id}: lock table busy after a reset")
+            self._decide(req, link, request)
+        self._blocked = still
 
     def _decide(self, req: m.AppendRequest, link: ClientLink, request: LockRequest) -> None:
         """After a successful begin(): a lock failure, or the hand-off to the store. Called without
@@ -302,7 +340,13 @@ class Partition:
         self.appends += 1
 
     async def _barrier(self, item: _Barrier) -> None:
+        # Every append before the barrier is decided first: the blocked ones too, which the
+        # commits they wait for (or a session reset) let through.
         await self.store.flush()
+        while self._blocked:
+            await self.store.wait_writable()
+            self._retry_blocked()
+            await self.store.flush()
         msg = item.msg
         if type(msg) is m.FlushRequest:
             if msg.req_id.generation == self.generation:
@@ -333,6 +377,9 @@ class Partition:
         self._data_cache.settle()
         if high_water_mark > self.high_water_mark:
             self.high_water_mark = high_water_mark
+        self._commits += 1
+        if self._blocked:
+            self._inbox.nudge()  # the append task retries them (never from inside the store's callback)
         self._wake_feeds()
 
     def on_session_reset(self, high_water_mark: int) -> None:
@@ -531,3 +578,8 @@ class Partition:
     @property
     def pending_count(self) -> int:
         return len(self._pending)
+
+    @property
+    def blocked_count(self) -> int:
+        """Appends waiting for a colliding append in flight to commit."""
+        return len(self._blocked)
