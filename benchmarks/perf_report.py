@@ -1,12 +1,13 @@
-"""Every figure of docs/performance.md from one run: the etcd side-by-side, then the producer and
-consumer shapes of docs/performance.md on throw-away local clusters, printed as Markdown tables.
+"""Every figure of docs/performance.md from one run: the etcd and ZooKeeper side-by-side, then the producer
+and consumer shapes of docs/performance.md on throw-away local clusters, printed as Markdown tables.
 
     python benchmarks/perf_report.py                 # ~5 minutes on 2 cores
     python benchmarks/perf_report.py --json out.json
 
 Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
 
-* etcd comparison: ``compare_etcd.main`` (interleaved rounds, medians, ratio);
+* comparison with etcd and ZooKeeper: ``compare_etcd.main`` (interleaved rounds Waltz, etcd, ZooKeeper,
+  medians, ratios; the ``comparison`` key of the JSON);
 * 1 partition, closed loop, 64 in flight: the maximum throughput (median of ``--repeat`` runs);
 * 1 partition, 1 in flight: unloaded latency;
 * 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
@@ -93,13 +94,16 @@ async def _consume_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _markdown(report: dict[str, Any]) -> str:
     lines = []
-    etcd = report["etcd"]
-    lines += ["### Waltz vs etcd, closed loop, "
-              f"{etcd['settings']['concurrency']} outstanding, {etcd['settings']['record_size']} B, "
-              f"{etcd['settings']['rounds']} x {etcd['settings']['duration']:g} s interleaved", "",
-              "| round | Waltz writes/s | Waltz p50 / p99 / p99.9 ms | Waltz CPU us/write (client, server, storages) "
-              "| etcd writes/s | etcd p50 / p99 / p99.9 ms | etcd CPU us/write (client, members) |",
-              "|---|---|---|---|---|---|---|"]
+    comp = report["comparison"]
+    settings = comp["settings"]
+    peers = comp["peers"]
+    names = compare_etcd.NAMES
+    lines += [f"### {' vs '.join(names[s] for s in ('waltz', *peers))}, closed loop, "
+              f"{settings['concurrency']} outstanding conditional writes, {settings['record_size']} B, "
+              f"{settings['rounds']} x {settings['duration']:g} s interleaved", "",
+              "CPU µs/write: Waltz client / server / storages; etcd and ZooKeeper client / members (sum of the 3).", "",
+              "| round | system | writes/s | p50 / p99 / p99.9 ms | CPU µs/write | failed writes |",
+              "|---|---|---|---|---|---|"]
 
     def lat(x: dict[str, float]) -> str:
         return f"{x['p50']:.2f} / {x['p99']:.2f} / {x['p99.9']:.2f}"
@@ -107,15 +111,18 @@ def _markdown(report: dict[str, Any]) -> str:
     def cpu(x: dict[str, float] | None) -> str:
         return " / ".join(f"{v:.0f}" for v in x.values()) if x else "unknown"
 
-    for i, r in enumerate(etcd["rounds"], 1):
-        w, e = r["waltz"], r["etcd"]
-        lines.append(f"| {i} | {w['ops_per_s']:,.0f} | {lat(w['latency_ms'])} | {cpu(w.get('cpu_us_per_op'))} "
-                     f"| {e['ops_per_s']:,.0f} | {lat(e['latency_ms'])} | {cpu(e.get('cpu_us_per_op'))} |")
-    med = etcd["median"]
-    lines += [f"| **median** | **{med['waltz']['ops_per_s']:,.0f}** | {med['waltz']['p50_ms']:.2f} / "
-              f"{med['waltz']['p99_ms']:.2f} / - | | **{med['etcd']['ops_per_s']:,.0f}** | {med['etcd']['p50_ms']:.2f} / "
-              f"{med['etcd']['p99_ms']:.2f} / - | |", "",
-              f"**Ratio Waltz / etcd: {etcd['ratio_waltz_over_etcd']:.2f}x**", "",
+    for i, r in enumerate(comp["rounds"], 1):
+        for system in ("waltz", *peers):
+            x = r[system]
+            lines.append(f"| {i} | {names[system]} | {x['ops_per_s']:,.0f} | {lat(x['latency_ms'])} "
+                         f"| {cpu(x.get('cpu_us_per_op'))} | {compare_etcd.failures(x)} |")
+    med = comp["median"]
+    for system in ("waltz", *peers):
+        m = med[system]
+        lines.append(f"| **median** | **{names[system]}** | **{m['ops_per_s']:,.0f}** | {m['p50_ms']:.2f} / "
+                     f"{m['p99_ms']:.2f} / - | {cpu(m.get('cpu_us_per_op'))} | |")
+    ratios = ", ".join(f"Waltz / {names[p]}: {comp[f'ratio_waltz_over_{p}']:.2f}x" for p in peers)
+    lines += ["", f"**Ratio of the medians: {ratios}**", "",
               "### `waltz perf produce` (1 client, 256 B)", "",
               "| shape | txn/s | MB/s | retries/txn | p50 | p90 | p99 | p99.9 | records/fdatasync "
               "| CPU us/txn client / server / storages |",
@@ -137,23 +144,25 @@ def _markdown(report: dict[str, Any]) -> str:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_before = os.getloadavg()
-    print("etcd side by side", file=sys.stderr)
-    etcd = await compare_etcd.main(argparse.Namespace(rounds=args.rounds, duration=args.duration,
-                                                      warmup=args.warmup, concurrency=64, record_size=256))
+    print("side by side: Waltz, etcd, ZooKeeper", file=sys.stderr)
+    comparison = await compare_etcd.main(argparse.Namespace(rounds=args.rounds, duration=args.duration,
+                                                            warmup=args.warmup, concurrency=64, record_size=256,
+                                                            peers=list(compare_etcd.PEERS)))
     print("producer shapes", file=sys.stderr)
     produce_rows = await _produce_shapes(args)
     print("consumer", file=sys.stderr)
     consume_rows = await _consume_shapes(args)
     return {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
-            "etcd": etcd, "produce": produce_rows, "consume": consume_rows}
+            "comparison": comparison, "produce": produce_rows, "consume": consume_rows}
 
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved Waltz/etcd rounds")
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
-    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--rounds", type=compare_etcd.positive_int, default=3,
+                        help="interleaved Waltz/etcd/ZooKeeper rounds")
+    parser.add_argument("--duration", type=compare_etcd.positive_float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=compare_etcd.non_negative_float, default=2.0)
     parser.add_argument("--load", type=float, default=0.7, help="open-loop rate as a fraction of the maximum")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the 64-in-flight shape (median reported)")
     parser.add_argument("--populate", type=int, default=100_000, help="transactions written before consuming")

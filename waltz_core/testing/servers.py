@@ -43,6 +43,8 @@ ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 #: The Debian jar has slf4j-api but no binding: without these two the server logs nothing.
 ZOOKEEPER_LOG_JARS = ("/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar")
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+#: JVM flags of a test ZooKeeper: quick start-up and small footprint rather than peak speed.
+_ZK_TEST_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 _LOG4J = (
     "log4j.rootLogger=INFO, CONSOLE\n"
@@ -261,6 +263,11 @@ class ZooKeeperServer(_ServerGroup):
     ``tickTime`` 500 ms, so sessions may negotiate 1-10 s timeouts; four-letter words
     ``ruok,srvr,stat,mntr`` enabled; AdminServer off; client ports bound to 127.0.0.1. Node
     numbers are 0-based (``myid`` is node + 1).
+
+    Tuned for tests by default: ``forceSync=no`` (the transaction log is not fsync'ed) and a
+    JVM that starts fast (serial GC, C1 JIT only). A benchmark passes ``force_sync=True``
+    (ZooKeeper's own default: fsync before acknowledging) and ``jvm_options=()`` (the JVM's
+    defaults, C2 JIT included); ``heap`` is applied either way.
     """
 
     kind = "zookeeper"
@@ -268,10 +275,15 @@ class ZooKeeperServer(_ServerGroup):
     def __init__(self, nodes: int = 1, *, workdir: str | os.PathLike[str] | None = None,
                  tick_time: int = 500, start_timeout: float = 60.0, heap: str = "256m",
                  hosts: Sequence[str] | None = None,
-                 on_host: Callable[[int, list[str]], list[str]] | None = None) -> None:
+                 on_host: Callable[[int, list[str]], list[str]] | None = None,
+                 force_sync: bool = False, jvm_options: Sequence[str] | None = None) -> None:
         super().__init__(nodes, workdir, start_timeout, hosts, on_host)
         self.tick_time = tick_time
         self.heap = heap
+        #: fsync the transaction log before acknowledging (ZooKeeper's ``forceSync=yes``)
+        self.force_sync = force_sync
+        #: JVM flags besides the heap; None: the fast-starting test flags
+        self.jvm_options = list(_ZK_TEST_JVM_OPTIONS if jvm_options is None else jvm_options)
         ports = free_ports(nodes * 3)
         self.client_ports = ports[:nodes]
         self._quorum_ports = ports[nodes:2 * nodes]
@@ -290,7 +302,7 @@ class ZooKeeperServer(_ServerGroup):
                 f"tickTime={self.tick_time}", "initLimit=20", "syncLimit=10",
                 f"dataDir={d / 'data'}", f"clientPort={self.client_ports[node]}", f"clientPortAddress={self.hosts[node]}",
                 "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,stat,mntr",
-                "maxClientCnxns=0", "forceSync=no", "preAllocSize=4096",
+                "maxClientCnxns=0", f"forceSync={'yes' if self.force_sync else 'no'}", "preAllocSize=4096",
             ]
             if self.nodes > 1:
                 (d / "data" / "myid").write_text(f"{node + 1}\n")
@@ -302,7 +314,7 @@ class ZooKeeperServer(_ServerGroup):
     def _command(self, node: int) -> list[str]:
         d = self.node_dir(node)
         return [
-            "java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "java", f"-Xmx{self.heap}", *self.jvm_options,
             f"-Dlog4j.configuration=file:{d / 'log4j.properties'}", f"-Dzookeeper.log.dir={d}",
             "-cp", ":".join((ZOOKEEPER_JAR, *ZOOKEEPER_LOG_JARS)), ZOOKEEPER_MAIN, str(d / "zoo.cfg"),
         ]
