@@ -12,7 +12,7 @@ Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
 * 1 partition, 1 in flight: unloaded latency;
 * 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
 * 1 partition, 64 in flight, lock pool 128: optimistic-lock retries;
-* 4 partitions, 16 in flight each;
+* 4 partitions with 16 in flight each, 64 with 1 each (64 outstanding as above), 256 with 1 each;
 * consumer: feed only and feed + data over ``--populate`` transactions.
 """
 
@@ -73,12 +73,46 @@ async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
         # open loop: submit() waits for a slot above max_concurrent_transactions, so give it room
         await run(f"1 partition, open loop {rate:,.0f}/s ({args.load:.0%} of the maximum)", rate=rate, in_flight=1024)
         await run("1 partition, 64 in flight, lock pool 128", in_flight=64, lock_pool=128)
-    async with local_cluster(4) as cluster:
-        pids = {"server": cluster.server_pids, "storages": cluster.storage_pids}
-        options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, partitions=4, in_flight=16)
-        result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
-        rows.append(_produce_row("4 partitions, 16 in flight each", result))
+    # Many partitions: the same 64 transactions outstanding spread over 4 and 64 partitions, then
+    # 256 partitions with one each (256 outstanding).
+    for partitions, in_flight in ((4, 16), (64, 1), (256, 1)):
+        async with local_cluster(partitions) as cluster:
+            pids = {"server": cluster.server_pids, "storages": cluster.storage_pids}
+            options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, partitions=partitions,
+                                     in_flight=in_flight)
+            result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
+            rows.append(_produce_row(f"{partitions} partitions, {in_flight} in flight each", result))
+            print(f"  {rows[-1]['shape']}: {result.txn_per_s:,.0f} txn/s", file=sys.stderr)
     return rows
+
+
+def _targets(report: dict[str, Any]) -> list[str]:
+    """The performance issue's targets, as ratios of this run's own figures."""
+    rows = report["produce"]
+
+    def row(prefix: str) -> dict[str, Any]:
+        return next(r for r in rows if r["shape"].startswith(prefix))
+
+    peak, locked = row("1 partition, 64 in flight (closed"), row("1 partition, 64 in flight, lock pool")
+    spread, open_loop = row("4 partitions, 16"), row("1 partition, open loop")
+    cpu = peak["cpu_us_per_txn"]
+    total = f"{sum(cpu.values()):.1f} µs" if cpu else "unknown"
+    comp = report["comparison"]
+    out = ["| target | this run |", "|---|---|",
+           f"| lock pool 128 / no locks, 64 in flight (≥ 60 %) | {locked['txn_per_s'] / peak['txn_per_s']:.0%} |",
+           f"| 4 partitions x 16 / 1 partition x 64 (≥ 100 %) | {spread['txn_per_s'] / peak['txn_per_s']:.0%} |",
+           f"| open loop at {_load_of(open_loop)}: p99.9 (≤ 10 ms) | {open_loop['latency_ms']['p99.9']} ms |",
+           f"| CPU per transaction, all processes, 64 in flight (≤ 25 µs) | {total} |"]
+    for peer in comp["peers"]:
+        goal = "≥ 6x" if peer == "etcd" else "reported"
+        out.append(f"| Waltz / {compare_etcd.NAMES[peer]} ({goal}) | {comp[f'ratio_waltz_over_{peer}']:.2f}x |")
+    return out
+
+
+def _load_of(row: dict[str, Any]) -> str:
+    """The load of the open-loop row, as its shape names it."""
+    shape: str = row["shape"]
+    return shape[shape.index("(") + 1:shape.index(" of the maximum")] if "(" in shape else "?"
 
 
 async def _consume_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -134,6 +168,7 @@ def _markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['shape']} | {rate} | {r['mb_per_s']:.2f} | {r['retries_per_txn']:.4f} "
                      f"| {x['p50']} | {x['p90']} | {x['p99']} | {x['p99.9']} | {r['records_per_fdatasync']} "
                      f"| {cpu(r['cpu_us_per_txn'])} |")
+    lines += ["", "### Against the targets (ratios of this run)", "", *_targets(report)]
     lines += ["", "### `waltz perf consume` (partition 0)", "", "| mode | transactions | rate |", "|---|---|---|"]
     for c in report["consume"]:
         unit = "headers/s" if c["mode"] == "feed" else f"transactions/s, {c['mb_per_s']} MB/s"
@@ -163,9 +198,12 @@ def cli() -> None:
                         help="interleaved Waltz/etcd/ZooKeeper rounds")
     parser.add_argument("--duration", type=compare_etcd.positive_float, default=10.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=compare_etcd.non_negative_float, default=2.0)
-    parser.add_argument("--load", type=float, default=0.7, help="open-loop rate as a fraction of the maximum")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of the 64-in-flight shape (median reported)")
-    parser.add_argument("--populate", type=int, default=100_000, help="transactions written before consuming")
+    parser.add_argument("--load", type=compare_etcd.positive_float, default=0.7,
+                        help="open-loop rate as a fraction of the maximum")
+    parser.add_argument("--repeat", type=compare_etcd.positive_int, default=3,
+                        help="runs of the 64-in-flight shape (median reported)")
+    parser.add_argument("--populate", type=compare_etcd.positive_int, default=100_000,
+                        help="transactions written before consuming")
     parser.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
     args = parser.parse_args()
     logging.getLogger("waltz.client").addFilter(lambda record: "not encrypted" not in record.getMessage())
