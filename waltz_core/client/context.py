@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClientClosedError, ClientError
-from .dispatch import Dispatcher, name_of
+from .dispatch import Dispatcher, is_awaitable, name_of
 
 if TYPE_CHECKING:
     from ..config import ClientProcessConfig
@@ -102,6 +102,27 @@ class ClientContext:
         """Call an application callback where retries run; its exceptions are logged, never propagated."""
         try:
             await self.dispatcher.call_retry(fn, *args)
+        except Exception:
+            log.exception("client %d: %s raised", self.client_id, name_of(fn))
+
+    def notify_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """:meth:`notify` without waiting for it. With callbacks on the loop a plain function is
+        called at once (no task per call: lock failures can be frequent); a coroutine result, or
+        the threaded dispatcher, gets a background task."""
+        if self.dispatcher.threaded:
+            self.spawn(self.notify(fn, *args))
+            return
+        try:
+            result = fn(*args)
+        except Exception:
+            log.exception("client %d: %s raised", self.client_id, name_of(fn))
+            return
+        if is_awaitable(result):
+            self.spawn(self._logged(result, fn))
+
+    async def _logged(self, awaitable: Awaitable[Any], fn: Callable[..., Any]) -> None:
+        try:
+            await awaitable
         except Exception:
             log.exception("client %d: %s raised", self.client_id, name_of(fn))
 

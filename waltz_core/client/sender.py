@@ -215,7 +215,7 @@ class Sender:
         p.release_slot()
         self._m_lock_failures.inc()
         ctx = self._ctx
-        ctx.spawn(ctx.notify(entry.item.on_lock_failure))
+        ctx.notify_soon(entry.item.on_lock_failure)
         if decision.applied:
             self.retry(entry)
         else:
