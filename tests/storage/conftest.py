@@ -32,10 +32,12 @@ def make_records(start: int, count: int, partition_id: int = 0) -> list[Record]:
 class NodeHarness:
     """A storage node on the memory transport that tests can stop and restart on the same directory."""
 
-    def __init__(self, directory: Path, cluster_key: uuid.UUID, **layout_options: Any) -> None:
+    def __init__(self, directory: Path, cluster_key: uuid.UUID, *, node_options: dict[str, Any] | None = None,
+                 **layout_options: Any) -> None:
         self.directory = directory
         self.cluster_key = cluster_key
         self.layout_options = layout_options
+        self.node_options = node_options or {}
         self.transport = MemoryTransport(max_frame_size=1024 * 1024)
         self.node: StorageNode | None = None
         self.data_listener: Any = None
@@ -44,7 +46,8 @@ class NodeHarness:
 
     async def start(self) -> StorageNode:
         layout = SegmentedLayout(self.directory, **self.layout_options)
-        self.node = StorageNode(layout, self.cluster_key, NUM_PARTITIONS, max_frame_size=self.transport.max_frame_size)
+        self.node = StorageNode(layout, self.cluster_key, NUM_PARTITIONS, max_frame_size=self.transport.max_frame_size,
+                                **self.node_options)
         await self.node.start()
         self.data_listener = await self.transport.listen("storage", 0, self.node.serve_data)
         self.admin_listener = await self.transport.listen("storage-admin", 0, self.node.serve_admin)

@@ -233,6 +233,70 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
         await h.stop()
 
 
+async def test_a_queue_of_one_under_many_connections_loses_no_wake_up(tmp_path, cluster_key) -> None:
+    # Appends pipelined 5 deep on each of 4 connections (one per partition) into queues of one:
+    # most puts wait for their partition thread to take the queue. A wake-up missed between the
+    # loop and a thread would hang an append (and time the test out).
+    h = NodeHarness(tmp_path, cluster_key, node_options={"queue_size": 1})
+    await h.start()
+    try:
+        await _ready(h, 0, 1, 2, 3)
+        clients = [await h.client() for _ in range(4)]
+        per_partition, depth = 60, 5
+
+        async def writer(pid: int) -> None:
+            c = clients[pid]
+            for t in range(0, per_partition, depth):  # sent in order on one connection: queued in order
+                await asyncio.gather(*(c.append(1, pid, make_records(x, 1, pid)) for x in range(t, t + depth)))
+
+        await asyncio.wait_for(asyncio.gather(*(writer(pid) for pid in range(4))), 60)
+        for pid in range(4):
+            assert await clients[0].record_list(1, pid, 0, 100) == tuple(make_records(0, per_partition, pid))
+    finally:
+        await h.stop()
+
+
+async def test_a_bug_in_a_batch_fails_its_requests_and_the_partition_goes_on(harness: NodeHarness,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    await _ready(harness, 0)
+    node = harness.node
+    assert node is not None
+    worker = node.workers[0]
+    c = await harness.client()
+    await c.append(1, 0, make_records(0, 1))
+    real = worker._process
+    calls = 0
+
+    def broken_once(items):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return real(items)
+
+    monkeypatch.setattr(worker, "_process", broken_once)
+    with pytest.raises(StorageError, match="internal error: RuntimeError"):
+        await c.append(1, 0, make_records(1, 1))
+    await c.append(1, 0, make_records(1, 1))  # the thread survived and serves the partition
+    assert await c.record_list(1, 0, 0, 10) == tuple(make_records(0, 2))
+
+
+async def test_close_answers_or_drops_queued_work_without_hanging(tmp_path, cluster_key) -> None:
+    h = NodeHarness(tmp_path, cluster_key)
+    await h.start()
+    await _ready(h, 0, 1)
+    c = await h.client()
+    tasks = [asyncio.ensure_future(c.append(1, pid, make_records(t, 1, pid))) for pid in (0, 1) for t in range(30)]
+    await asyncio.sleep(0)
+    node = h.node
+    assert node is not None
+    await asyncio.wait_for(node.close(), 10)  # queued appends are written or refused, the threads end
+    assert all(w._thread is None for w in node.workers)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    h.node = None
+    await h.stop()
+
+
 async def test_restart_keeps_every_acknowledged_record(harness: NodeHarness) -> None:
     await _ready(harness, 0, 1)
     c = await harness.client()

@@ -1,12 +1,15 @@
 """The storage node: serves the ten storage requests and the admin port over a layout.
 
-Threading: connection handlers run on the event loop; each partition has one worker task on
-the loop and one dedicated thread that does every file operation of that partition, so
-partitions progress independently and one partition's requests are handled in arrival order.
-A worker takes everything queued for its partition at once: consecutive appends in that batch
-are written with one fdatasync (group commit, no fixed wait: the batch is whatever arrived
-while the previous fdatasync ran). Each partition queue is bounded (``queue_size``); a
-connection whose partition queue is full stops being read (back pressure).
+Threading: connection handlers run on the event loop; each partition has one dedicated thread
+that does every file operation of that partition, so partitions progress independently and one
+partition's requests are handled in arrival order. A connection handler puts a decoded request
+straight into its partition's queue (no task in between); the partition thread takes everything
+queued at once: consecutive appends in that batch are written with one fdatasync (group commit,
+no fixed wait: the batch is whatever arrived while the previous fdatasync ran). The replies of a
+batch go back to the loop in one hand-off, shared by every partition thread that finished in the
+meantime (one loop wake-up, not one per batch), and the responses of one connection go out with
+one write. Each partition queue is bounded (``queue_size``); a connection whose partition queue
+is full stops being read (back pressure).
 
 Fencing (seed 001 "Waltz Storage", original ``Partition.checkPermissions``): each partition
 remembers the highest store session id it has seen; a request with a lower one fails with
@@ -26,12 +29,14 @@ import asyncio
 import functools
 import json
 import logging
+import queue
+import threading
 import time
 import uuid
 from array import array
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -65,12 +70,16 @@ MAX_LIST_RECORDS = 10_000
 _ROLE = "waltz-storage"
 
 
-@attrs.frozen(slots=True)
 class _Item:
-    """A queued unit of partition work: a storage request, or a callable (admin work)."""
+    """A queued unit of partition work: a storage request, or a callable (admin work).
 
-    work: Any
-    reply: Callable[[Any], None]
+    ``reply`` is called on the event loop with the response (or the callable's result or exception)."""
+
+    __slots__ = ("work", "reply")
+
+    def __init__(self, work: Any, reply: Callable[[Any], None]) -> None:
+        self.work = work
+        self.reply = reply
 
 
 class _AppendGroup:
@@ -105,15 +114,85 @@ def failure_for(req: Any, exc: BaseException) -> sm.FailureResponse:
     return sm.FailureResponse(req.session_id, req.seq_num, req.partition_id, wire_code(exc), str(exc))
 
 
+_STOP: Final = _Item(None, lambda _result: None)  #: the last item a partition thread takes
+
+
+class _Inbox:
+    """A partition's bounded queue: the event loop puts, the partition thread takes.
+
+    ``put_nowait`` and ``put`` run on the loop; :meth:`take` on the partition thread, which blocks
+    (without the GIL) while the queue is empty and then takes everything queued. When the queue
+    holds ``maxsize`` items, ``put`` waits until the thread took them (back pressure). A waiting
+    ``put`` registers its future before checking the size again and the thread looks for waiters
+    after taking items, so a wake-up cannot be missed.
+    """
+
+    __slots__ = ("_q", "maxsize", "_waiters", "_loop")
+
+    def __init__(self, maxsize: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._q: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self.maxsize = maxsize
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._loop = loop
+
+    def qsize(self) -> int:
+        """Items waiting for the thread (not those it is working on)."""
+        return self._q.qsize()
+
+    def put_nowait(self, item: _Item) -> bool:
+        """Queue ``item`` unless the queue is full (False: :meth:`put` it)."""
+        if self._q.qsize() >= self.maxsize:
+            return False
+        self._q.put(item)
+        return True
+
+    async def put(self, item: _Item) -> None:
+        """Queue ``item``, waiting while the queue is full."""
+        q = self._q
+        while q.qsize() >= self.maxsize:
+            fut = self._loop.create_future()
+            self._waiters.append(fut)
+            try:
+                if q.qsize() >= self.maxsize:  # checked again: the thread may have taken items meanwhile
+                    await fut
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+        q.put(item)
+
+    def put_last(self) -> None:
+        """Tell the thread to stop after the items queued now (beyond the bound: it is one item)."""
+        self._q.put(_STOP)
+
+    def take(self) -> list[_Item]:
+        """Partition thread: wait for an item, then take every item queued."""
+        q = self._q
+        items = [q.get()]
+        for _ in range(q.qsize()):
+            items.append(q.get_nowait())
+        if self._waiters:
+            try:
+                self._loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+        return items
+
+    def _wake(self) -> None:
+        """Loop: the thread took items; every waiting ``put`` checks for room again."""
+        waiters, self._waiters = self._waiters, deque()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
 class PartitionWorker:
     """One partition: its state, its queue and its thread. State is touched only on the thread."""
 
     def __init__(self, node: StorageNode, partition_id: int) -> None:
         self.node = node
         self.partition_id = partition_id
-        self.queue: asyncio.Queue[_Item] = asyncio.Queue(node.queue_size)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"storage-p{partition_id}")
-        self._task: asyncio.Task[None] | None = None
+        self.queue = _Inbox(node.queue_size, asyncio.get_running_loop())
+        self._thread: threading.Thread | None = None
         self.info: PartitionInfo | None = None
         self.error: StorageError | None = None  #: why the partition cannot be served (corrupt control data)
         self.store: PartitionStore | None = None
@@ -155,8 +234,9 @@ class PartitionWorker:
         return self.store.repairs() if self.store is not None else []
 
     def load_on_thread(self) -> asyncio.Future[list[Repair]]:
-        """Run :meth:`load` on this partition's thread; :meth:`StorageNode.start` gathers these futures."""
-        return asyncio.get_running_loop().run_in_executor(self._executor, self.load)
+        """Start the partition thread and run :meth:`load` on it; :meth:`StorageNode.start` gathers these."""
+        self._start_thread()
+        return asyncio.ensure_future(self.call(self.load))
 
     def _open_store(self) -> None:
         try:
@@ -165,16 +245,26 @@ class PartitionWorker:
             self.error = exc
             log.error("partition %d cannot be opened: %s", self.partition_id, exc)
 
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name=f"storage-p{self.partition_id}", daemon=True)
+            self._thread.start()
+
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"storage-p{self.partition_id}")
+        """Serve requests (the thread runs from :meth:`load_on_thread` on)."""
+        self._start_thread()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._close_store)
-        self._executor.shutdown(wait=True)
+        """Finish what is queued, close the store and end the thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        try:
+            await self.call(self._close_store)
+        finally:
+            self.queue.put_last()
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+            self._thread = None
 
     def _close_store(self) -> None:
         if self.store is not None:
@@ -193,22 +283,38 @@ class PartitionWorker:
             else:
                 fut.set_result(result)
 
-        await self.queue.put(_Item(fn, reply))
+        item = _Item(fn, reply)
+        if not self.queue.put_nowait(item):
+            await self.queue.put(item)
         return await fut
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        queue = self.queue
+    def _main(self) -> None:
+        """The partition thread: take what is queued, process it as one batch, post the replies."""
+        take = self.queue.take
+        post = self.node.post_replies
         while True:
-            batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
-            replies = await loop.run_in_executor(self._executor, self._process, batch)
-            for reply, response in replies:
-                try:
-                    reply(response)
-                except Exception:  # a reply sink of a closed connection; nothing to deliver to
-                    log.debug("dropping a reply", exc_info=True)
+            items = take()
+            last = _STOP in items
+            if last:
+                items = [item for item in items if item is not _STOP]
+            try:
+                replies = self._process(items)
+            except Exception as exc:  # a bug: answer every request of the batch, keep the thread
+                log.exception("partition %d: a batch of %d requests failed", self.partition_id, len(items))
+                replies = self._failed(items, StorageError(f"internal error: {exc!r}"))
+            post(replies)
+            if last:
+                return
+
+    @staticmethod
+    def _failed(items: list[_Item], err: StorageError) -> list[tuple[Callable[[Any], None], Any]]:
+        replies: list[tuple[Callable[[Any], None], Any]] = []
+        for item in items:
+            try:
+                replies.append((item.reply, err if callable(item.work) else failure_for(item.work, err)))
+            except Exception:  # not a request with a head: nobody to answer
+                log.debug("no failure response for %r", item.work, exc_info=True)
+        return replies
 
     # ------------------------------------------------------------------ worker thread
     def _process(self, batch: list[_Item]) -> list[tuple[Callable[[Any], None], Any]]:
@@ -468,10 +574,42 @@ class StorageNode:
         self._connections: set[asyncio.Task[Any]] = set()
         self._m_connections = self.metrics.gauge("storage_connections", "Open data and admin connections.")
         self.metrics.gauge("storage_num_partitions", "Partitions of the cluster.", fn=lambda: self.num_partitions)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: reply lists posted by partition threads, delivered on the loop by _deliver_replies
+        self._replies: deque[list[tuple[Callable[[Any], None], Any]]] = deque()
+        self._delivery_scheduled = False
+
+    def post_replies(self, replies: list[tuple[Callable[[Any], None], Any]]) -> None:
+        """Partition thread: hand a batch's replies to the loop.
+
+        Threads that finish while a delivery is already scheduled add to it: one loop wake-up
+        (one self-pipe write) for all of them. A thread appends before it reads the flag and the
+        loop clears the flag before it takes the lists, so no list is left behind.
+        """
+        if not replies:
+            return
+        self._replies.append(replies)
+        if not self._delivery_scheduled:
+            self._delivery_scheduled = True
+            assert self._loop is not None
+            try:
+                self._loop.call_soon_threadsafe(self._deliver_replies)
+            except RuntimeError:  # the loop is closed: there is nobody left to answer
+                self._delivery_scheduled = False
+
+    def _deliver_replies(self) -> None:
+        self._delivery_scheduled = False
+        pending = self._replies
+        while pending:
+            for reply, response in pending.popleft():
+                try:
+                    reply(response)
+                except Exception:  # a reply sink of a closed connection; nothing to deliver to
+                    log.debug("dropping a reply", exc_info=True)
 
     async def start(self) -> None:
         """Open the layout and every assigned partition (repairing torn tails), start the workers."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.layout.open, self.cluster_key, self.num_partitions)
         self.repairs.extend(self.layout.repairs())
         self.workers = [PartitionWorker(self, pid) for pid in range(self.num_partitions)]
@@ -530,9 +668,11 @@ class StorageNode:
             log.warning("data connection from %s refused: %s", conn.peer, exc)
             await conn.close()
             return
-        outgoing: asyncio.Queue[Any] = asyncio.Queue()
-        writer = asyncio.get_running_loop().create_task(_write_loop(channel, outgoing))
+        outbox = _Outbox()
+        send = outbox.put
+        writer = asyncio.get_running_loop().create_task(_write_loop(channel, outbox))
         opened = False
+        served = _SERVED
         try:
             while True:
                 try:
@@ -541,33 +681,36 @@ class StorageNode:
                     break
                 except ProtocolError as exc:
                     log.warning("closing data connection from %s: %s", conn.peer, exc)
-                    outgoing.put_nowait(sm.FailureResponse(-1, -1, -1, wire_code(exc), str(exc)))
+                    send(sm.FailureResponse(-1, -1, -1, wire_code(exc), str(exc)))
                     break
                 except TransportError as exc:
                     log.info("data connection from %s failed: %s", conn.peer, exc)
                     break
-                if type(msg) is sm.OpenRequest:
+                t = type(msg)
+                if t is sm.OpenRequest:
                     try:
                         self._check_key(msg.cluster_key, msg.num_partitions)
                     except ClusterKeyMismatchError as exc:
                         log.warning("open from %s refused: %s", conn.peer, exc)
-                        outgoing.put_nowait(failure_for(msg, exc))
+                        send(failure_for(msg, exc))
                         continue
                     opened = True
-                    outgoing.put_nowait(sm.SuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
+                    send(sm.SuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
                     continue
                 try:
-                    if not hasattr(msg, "offline") and type(msg) not in _READS:
-                        raise ProtocolError(f"{type(msg).__name__} is a response; a storage node serves requests")
+                    if t not in served:
+                        raise ProtocolError(f"{t.__name__} is a response; a storage node serves requests")
                     if not opened:
                         raise StorageError("the connection is not open: send an OpenRequest with the cluster key first")
                     worker = self._worker(msg.partition_id)
                 except WaltzError as exc:
-                    outgoing.put_nowait(failure_for(msg, exc))
+                    send(failure_for(msg, exc))
                     continue
-                await worker.queue.put(_Item(msg, outgoing.put_nowait))  # waits when full: back pressure
+                item = _Item(msg, send)
+                if not worker.queue.put_nowait(item):
+                    await worker.queue.put(item)  # waits while the queue is full: back pressure
         finally:
-            await _drain_and_close(channel, outgoing, writer)
+            await _drain_and_close(channel, outbox, writer)
 
     # ----------------------------------------------------------------------- admin port
     async def serve_admin(self, conn: Connection) -> None:
@@ -642,32 +785,59 @@ class StorageNode:
 
 
 _READS = (sm.RecordRequest, sm.RecordHeaderRequest, sm.RecordListRequest, sm.RecordHeaderListRequest)
+#: the requests a data connection queues for a partition: the reads and every message with an offline flag
+_SERVED: Final = frozenset(_READS) | frozenset(
+    cls for cls in sm.MESSAGES if any(f.name == "offline" for f in attrs.fields(cls)))
 
 
-async def _write_loop(channel: MessageChannel, outgoing: asyncio.Queue[Any]) -> None:
-    """Send responses as they come, many per write when several are ready."""
+class _Outbox:
+    """The responses of one data connection waiting for its writer task (filled on the loop)."""
+
+    __slots__ = ("items", "closing", "_waiter")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.closing = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, response: Any) -> None:
+        self.items.append(response)
+        self._wake()
+
+    def close(self) -> None:
+        """The writer sends what is queued, then ends."""
+        self.closing = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> None:
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+
+async def _write_loop(channel: MessageChannel, outbox: _Outbox) -> None:
+    """Send responses as they come, all those ready in one write."""
     while True:
-        first = await outgoing.get()
-        if first is None:
-            return
-        batch = [first]
-        done = False
-        while not outgoing.empty():
-            nxt = outgoing.get_nowait()
-            if nxt is None:
-                done = True
-                break
-            batch.append(nxt)
+        if not outbox.items:
+            if outbox.closing:
+                return
+            await outbox.wait()
+            continue
+        batch, outbox.items = outbox.items, []
         try:
             await channel.send_many(batch)
         except TransportError:
             return
-        if done:
-            return
 
 
-async def _drain_and_close(channel: MessageChannel, outgoing: asyncio.Queue[Any], writer: asyncio.Task[None]) -> None:
-    outgoing.put_nowait(None)
+async def _drain_and_close(channel: MessageChannel, outbox: _Outbox, writer: asyncio.Task[None]) -> None:
+    outbox.close()
     try:
         await asyncio.wait_for(writer, 5.0)
     except (TimeoutError, asyncio.CancelledError):
