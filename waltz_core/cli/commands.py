@@ -180,6 +180,15 @@ def render_schema(names: list[str], markdown: bool, registries: Registries) -> s
 
 
 @hookimpl
+def waltz_process_started() -> None:
+    """A server or storage node the CLI started is serving: the start-up settings that wait for
+    that moment (:mod:`.process`: ``gc.freeze()``); nothing in a process the CLI did not start."""
+    from .process import started
+
+    started()
+
+
+@hookimpl
 def waltz_add_commands(cli: click.Group) -> None:
     cli.add_command(plugins_command)
     cli.add_command(config_group)

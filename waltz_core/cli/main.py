@@ -26,6 +26,19 @@ from .logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging, json_logging
 log = logging.getLogger("waltz")
 
 
+def _process_start(argv: list[str] | None) -> None:
+    """Process-wide settings, once, before any command runs: the timeline recorder when
+    ``WALTZ_TIMELINE_DIR`` is set (docs/performance.md; nothing is imported otherwise)."""
+    if os.environ.get("WALTZ_TIMELINE_DIR") is not None:
+        from ..perf.timeline import TimelineError, install_from_env
+
+        try:
+            install_from_env(sys.argv[1:] if argv is None else argv)
+        except TimelineError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
 def build_cli(runtime: Runtime | None = None) -> click.Group:
     """The ``waltz`` group with the commands of ``runtime``'s plugins, each run with that runtime
     as its context object. Without one, a runtime is built here (``Runtime.load()``)."""
@@ -50,7 +63,11 @@ def build_cli(runtime: Runtime | None = None) -> click.Group:
 
 
 def main(argv: list[str] | None = None) -> None:
+    _process_start(argv)
     try:
+        from .process import configure
+
+        configure()  # WALTZ_GC, WALTZ_GC_THRESHOLD: a bad value is one error line
         cli = build_cli(Runtime.load())
         # Without standalone mode click *returns* the code of a click.exceptions.Exit (how
         # commands report a failed check) instead of exiting with it.

@@ -12,9 +12,10 @@ Load shapes:
   a worker submits, waits until its transaction is applied, and submits the next. Outstanding
   transactions = clients x partitions x in_flight.
 * **open loop** (``rate`` = transactions/s over all clients): arrivals are Poisson (exponential
-  gaps) and each arrival is submitted at once, whatever is outstanding; back pressure inside
-  ``submit()`` (``client.max_concurrent_transactions``) counts in the latency, so a saturated
-  cluster shows as growing latency, not as a silently lower offered rate.
+  gaps, one arrival process per client and partition) and each arrival is submitted at once,
+  whatever is outstanding; back pressure inside ``submit()`` (``client.max_concurrent_transactions``)
+  counts in the latency (from the scheduled arrival), so a saturated cluster shows as growing
+  latency, not as a silently lower offered rate.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import os
 import random
 import time
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +33,8 @@ import attrs
 from ..client import AsyncWaltzClient, PartitionLocalLock, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from ..client.api import Transaction
 from ..config import ClientProcessConfig
+from ..errors import WaltzError
+from . import timeline
 from .cluster import StorageCounters, scrape_storages
 from .cpu import CpuSample
 from .histogram import LatencyHistogram
@@ -164,6 +168,22 @@ class _Run:
                 self.finished.set()
 
 
+class _TimelineRun(_Run):
+    """A run that also records each measured transaction's (start, completion) on the process's
+    timeline (:mod:`.timeline`); chosen once per run, so a run without a timeline has no branch."""
+
+    def __init__(self, options: ProduceOptions, payload: bytes, txns: array[float]) -> None:
+        super().__init__(options, payload)
+        self.txns = txns
+
+    def committed(self, latency: float, executions: int) -> None:
+        if self.measuring:
+            end = time.perf_counter()
+            self.txns.append(end - latency)
+            self.txns.append(end)
+        super().committed(latency, executions)
+
+
 class _PerfTransaction(TransactionContext):
     def __init__(self, run: _Run, partition: int, lock: PartitionLocalLock | None,
                  done: asyncio.Future[None] | None, scheduled: float | None = None) -> None:
@@ -254,7 +274,9 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
     if options.duration is None and options.count is None:
         raise ValueError("give a duration or a count")
     rng = random.Random(options.seed)
-    run = _Run(options, os.urandom(options.txn_size))
+    recorder = timeline.current()
+    run = _Run(options, os.urandom(options.txn_size)) if recorder is None else \
+        _TimelineRun(options, os.urandom(options.txn_size), recorder.txns)
     clients: list[AsyncWaltzClient] = []
     tasks: list[asyncio.Task[None]] = []
     partitions = list(range(options.partitions))
@@ -265,7 +287,8 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
             raise ValueError(f"the cluster has {clients[0].num_partitions} partitions, {options.partitions} asked")
         for ci, client in enumerate(clients):
             if options.rate:
-                tasks.append(asyncio.create_task(_open_loop(run, client, partitions, rng, ci)))
+                share = options.rate / options.clients / options.partitions
+                tasks.extend(asyncio.create_task(_open_loop(run, client, pid, share, rng)) for pid in partitions)
             else:
                 for pid in partitions:
                     for w in range(options.in_flight):
@@ -277,10 +300,14 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
         cpu_before = CpuSample.take(cpu_groups)
         run.measuring = True
         start = time.perf_counter()
+        if recorder is not None:
+            recorder.mark("measure_start", start)
         end = None if options.duration is None else start + options.duration
         await _tick_until(run, t0, end, run.finished, progress)
         run.result.elapsed = time.perf_counter() - start
         run.measuring = False
+        if recorder is not None:
+            recorder.mark("measure_end")
         cpu_after = CpuSample.take(cpu_groups)
         if cpu_before is not None and cpu_after is not None:
             run.result.cpu = cpu_after - cpu_before
@@ -337,25 +364,29 @@ async def _worker(run: _Run, client: AsyncWaltzClient, pid: int, own: PartitionL
         await done
 
 
-async def _open_loop(run: _Run, client: AsyncWaltzClient, partitions: list[int], rng: random.Random,
-                     index: int) -> None:
-    assert run.options.rate
-    per_client = run.options.rate / run.options.clients
-    pending: set[asyncio.Task[None]] = set()
+async def _open_loop(run: _Run, client: AsyncWaltzClient, pid: int, rate: float, rng: random.Random) -> None:
+    """Poisson arrivals at ``rate``/s for partition ``pid``, each submitted when it arrives.
+
+    One loop per client and partition, each at its share of the rate: independent Poisson
+    processes add up to one at the total rate, as if each arrival picked a random partition. The
+    submit is awaited here, not in a task of its own: when a slot is free it returns without
+    suspending (no task, no wake-up per transaction), and when the partition is at
+    ``client.max_concurrent_transactions`` the later arrivals of that partition wait behind it in
+    order, as tasks queued on the slot would, their latency still counted from their scheduled
+    arrival (the loop catches up on its schedule when the slot frees).
+    """
     next_at = time.perf_counter()
-    try:
-        while not run.stopping:
-            next_at += rng.expovariate(per_client)
-            delay = next_at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            ctx = _PerfTransaction(run, rng.choice(partitions), _pool_lock(run, rng), None, scheduled=next_at)
-            task = asyncio.create_task(client.submit(ctx))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-    finally:
-        for t in pending:
-            t.cancel()
+    while not run.stopping:
+        next_at += rng.expovariate(rate)
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        ctx = _PerfTransaction(run, pid, _pool_lock(run, rng), None, scheduled=next_at)
+        try:
+            await client.submit(ctx)
+        except WaltzError:  # e.g. the partition not mounted in time: this arrival failed, not the run
+            if ctx.measured and ctx.attempts == 0:  # after an execution, on_exception counted it
+                run.result.failed += 1
 
 
 # ------------------------------------------------------------------------------ consumers

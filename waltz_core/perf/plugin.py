@@ -133,6 +133,32 @@ def _plot(result: Any, path: Path) -> str:
     return f"latency plot written to {path}"
 
 
+def _start_timeline(directory: Path) -> Any:
+    """Record this process's timeline (label ``client``) and hand the directory to the processes
+    a ``--local`` cluster starts (they inherit the environment)."""
+    import os
+
+    from .timeline import (
+        ENV_DIR,
+        TimelineError,
+        check_directory,
+        install,
+        stall_threshold_from_env,
+        watchdog_interval_from_env,
+    )
+
+    try:
+        path = check_directory(directory)
+        if any(path.glob("*.json")):
+            raise TimelineError(f"timeline directory {path} already holds dumps (*.json) of another run: "
+                                "give an empty or new directory")
+        recorder = install(path, "client", interval=watchdog_interval_from_env(), threshold=stall_threshold_from_env())
+    except TimelineError as exc:
+        raise click.UsageError(str(exc)) from None
+    os.environ[ENV_DIR] = str(recorder.directory.resolve())  # this one's, if WALTZ_TIMELINE_DIR set it first
+    return recorder
+
+
 @click.group("perf")
 def perf_group() -> None:
     """Measure a cluster: producers and consumers through the client library."""
@@ -159,16 +185,23 @@ def perf_group() -> None:
               help="Write the latency distribution as PNG (needs matplotlib).")
 @click.option("--profile-server", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
               help="With --local: py-spy record the server during the measured window (collapsed stacks).")
+@click.option("--timeline", "timeline_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Record a timeline (GC, event-loop stalls, fdatasync, each transaction) in this process and, "
+                   "with --local, in the server and storages; dump it in this empty directory and print which "
+                   "events explain the latency tail (docs/performance.md).")
+@click.option("--tail-quantile", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.999,
+              show_default=True, help="With --timeline: the tail analysed is the transactions at or above this quantile.")
 @log_format_option
 def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[str, ...], as_json: bool, txn_size: int,
                     clients: int, in_flight: int, rate: float | None, partitions: int, lock_pool: int, duration: float,
                     count: int | None, warmup: float, seed: int | None, plot_path: Path | None,
-                    profile_path: Path | None) -> None:
+                    profile_path: Path | None, timeline_dir: Path | None, tail_quantile: float) -> None:
     """Producer benchmark: transactions/s, MB/s, retries, latency percentiles, records/fdatasync."""
     from .driver import ProduceOptions, produce
     from .profile import py_spy_record, top_functions
 
     _quiet()
+    recorder = _start_timeline(timeline_dir) if timeline_dir is not None else None
     options = ProduceOptions(txn_size=txn_size, clients=clients, in_flight=in_flight, rate=rate, partitions=partitions,
                              lock_pool=lock_pool, duration=duration, count=count, warmup=warmup, seed=seed)
 
@@ -182,6 +215,9 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
                     if not server_pids:
                         raise click.UsageError("--profile-server needs --local")
                     profiler = py_spy_record(server_pids[0], profile_path, warmup, duration)
+                from ..cli.process import started
+
+                started()  # as a server does once it serves: WALTZ_GC (freeze the start-up objects)
                 try:
                     result = await produce(config, options, metrics_urls=urls, progress=update, processes=pids)
                 finally:
@@ -195,10 +231,30 @@ def produce_command(config_path: str | None, local: bool, metrics_urls: tuple[st
     result, notes = _run(main)
     if plot_path is not None:
         notes.append(_plot(result, plot_path))
+    out = result.to_json()
+    tail_lines: list[str] = []
+    if recorder is not None:
+        from .timeline import TimelineError, analyse, load
+
+        recorder.dump()  # the cluster's processes wrote theirs when they stopped
+        try:
+            tail = analyse(load(recorder.directory), quantile=tail_quantile)
+        except TimelineError as exc:
+            notes.append(f"timeline: {exc}")
+        else:
+            out["timeline"] = tail.to_json()
+            tail_lines = tail.lines()
+        if not local:
+            notes.append("timeline: only this client recorded; start the cluster's processes with "
+                         f"WALTZ_TIMELINE_DIR={recorder.directory} to see theirs")
     if as_json:
-        click.echo(json.dumps(result.to_json()))
+        click.echo(json.dumps(out))
     else:
         for line in result.report():
+            click.echo(line)
+        if tail_lines:
+            click.echo("")
+        for line in tail_lines:
             click.echo(line)
     for line in notes:
         click.echo(line, err=as_json)
