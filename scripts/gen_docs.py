@@ -12,6 +12,7 @@ from pathlib import Path
 
 from waltz_core import hookspecs
 from waltz_core.cli.commands import render_schema
+from waltz_core.cli.process import PROCESS_ENVIRONMENT
 from waltz_core.config import PROCESS_CONFIGS
 from waltz_core.plugins import PLUGIN_ENVIRONMENT
 from waltz_core.runtime import Runtime
@@ -40,6 +41,11 @@ def configuration() -> str:
                "backends a file names). See docs/plugin-authors.md.", "",
                "| variable | description |", "|---|---|"]
     plugins += [f"| `{name}` | {doc} |" for name, doc in PLUGIN_ENVIRONMENT.items()]
+    plugins += ["", "## Process settings (environment)", "",
+                "Read once by a process the `waltz` command starts (not by a program that embeds the client or a\n"
+                "server); a bad value is one error line.", "",
+                "| variable | description |", "|---|---|"]
+    plugins += [f"| `{name}` | {doc} |" for name, doc in PROCESS_ENVIRONMENT.items()]
     # The backend tables come from the plugins installed where this runs (the repository's venv).
     schema = render_schema(list(PROCESS_CONFIGS), markdown=True, registries=Runtime.load().registries)
     return head + schema.rstrip() + "\n\n" + "\n".join(plugins) + "\n"

@@ -28,6 +28,19 @@ GC_ENV = "WALTZ_GC"
 GC_THRESHOLD_ENV = "WALTZ_GC_THRESHOLD"
 GC_MODES = ("freeze", "default")
 
+#: The environment variables a ``waltz`` process reads at start, rendered into docs/configuration.md
+#: by scripts/gen_docs.py (the timeline's are read by :mod:`waltz_core.perf.timeline`).
+PROCESS_ENVIRONMENT: dict[str, str] = {
+    GC_ENV: "`freeze` (default): once a server or storage node serves (or just before a `waltz perf` run), "
+            "`gc.collect()` then `gc.freeze()`, so full collections skip the start-up objects (a 20-60 ms pause "
+            "otherwise, docs/performance.md); `default`: Python's collector untouched.",
+    GC_THRESHOLD_ENV: "`T0,T1,T2` for `gc.set_threshold` at start (default: Python's, 700,10,10).",
+    "WALTZ_TIMELINE_DIR": "Record a timeline (GC, event-loop stalls, fdatasync, transactions) in memory and write "
+                          "it to `DIR/<process>-<pid>.json` at exit (docs/performance.md); unset: nothing installed.",
+    "WALTZ_TIMELINE_STALL_MS": "With the timeline: an event-loop lateness recorded as a stall, in ms (default 2).",
+    "WALTZ_TIMELINE_TICK_MS": "With the timeline: the stall watchdog's period, in ms (default 1).",
+}
+
 _mode: str | None = None  # set by configure() in a process the CLI started
 _frozen = False
 
