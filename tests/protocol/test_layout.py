@@ -25,7 +25,7 @@ GOLDENS = goldens.load()
 
 #: the hand-written fast paths, and nothing else: a new override must be added here (and so tested)
 OVERRIDES = {
-    client: ({client.AppendRequest, client.FeedData}, {client.AppendRequest, client.FeedData}),
+    client: ({client.AppendRequest, client.FeedData}, {client.AppendRequest, client.FeedData, client.LockFailure}),
     storage: ({storage.StorageAppendRequest, storage.RecordListResponse},
               {storage.StorageAppendRequest, storage.RecordListResponse}),
     admin: (set(), set()),

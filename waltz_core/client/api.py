@@ -271,16 +271,31 @@ class Transaction:
     transaction per RPC.
     """
 
-    __slots__ = ("partition_id", "transaction_id", "header", "req_id", "_source", "_data")
+    __slots__ = ("partition_id", "transaction_id", "header", "_req", "_source", "_data")
 
-    def __init__(self, partition_id: int, transaction_id: int, header: int, req_id: ReqId,
+    def __init__(self, partition_id: int, transaction_id: int, header: int,
+                 req_id: ReqId | tuple[int, int, int, int, int, int],
                  source: TransactionDataSource | None) -> None:
         self.partition_id = partition_id
         self.transaction_id = transaction_id
         self.header = header
-        self.req_id = req_id
+        #: the ReqId, or (from the client's feed) the fields of the feed record it is made of when
+        #: first read: most applications never read it, and one is not made per transaction
+        self._req = req_id
         self._source = source
         self._data: bytes | None = None
+
+    @property
+    def req_id(self) -> ReqId:
+        """The id of the append request that made this transaction."""
+        req = self._req
+        if isinstance(req, tuple):
+            req = self._req = ReqId(req[0], req[1], req[2], req[3])
+        return req
+
+    @req_id.setter
+    def req_id(self, value: ReqId) -> None:
+        self._req = value
 
     def __repr__(self) -> str:
         return f"Transaction(partition={self.partition_id}, id={self.transaction_id}, header={self.header})"

@@ -100,23 +100,30 @@ class Applier:
         apply = callbacks.apply_transaction
         session = p.session
         owns = p.own
+        completed = p.completed
         source = self._source
         pid = p.id
-        for tid, header, req_id, own in batch:
+        for fields in batch:
+            tid = fields[4]
             if tid != session.hwm + 1:
                 continue
-            if own is None and owns:
-                own = owns.get(tid)
-            if own is not None and not own.completed:
-                own.completed = True
-                pending = call_logged(own.context.on_completion, True)
-                if pending is not None:
-                    yield from _logged(pending, own.context.on_completion)
+            context = owns.get(tid) if owns else None
+            if context is not None and not (completed and tid in completed):
+                # call_logged, inline: once per own transaction
+                try:
+                    pending = context.on_completion(True)
+                except Exception:
+                    log.exception("%s raised", name_of(context.on_completion))
+                else:
+                    if pending is not None and is_awaitable(pending):
+                        yield from _logged(pending, context.on_completion)
             try:
-                result = apply(Transaction(pid, tid, header, req_id, source))
-                if is_awaitable(result):
+                result = apply(Transaction(pid, tid, fields[5], fields, source))
+                if result is not None and is_awaitable(result):
                     yield result
             except Exception as exc:  # noqa: BLE001 - the application's: to uncaught_exception
+                if context is not None:
+                    completed.add(tid)  # on_completion(True) is not called again on the redelivery
                 log.warning("client %d: apply_transaction(partition %d, transaction %d) failed: %r",
                             self._ctx.client_id, pid, tid, exc)
                 pending = call_logged(callbacks.uncaught_exception, pid, tid, exc)
@@ -124,11 +131,17 @@ class Applier:
                     yield from _logged(pending, callbacks.uncaught_exception)
                 return exc
             session.hwm = tid
-            if own is not None:
+            if context is not None:
                 owns.pop(tid, None)
-                pending = call_logged(own.context.on_application)
-                if pending is not None:
-                    yield from _logged(pending, own.context.on_application)
+                if completed:
+                    completed.discard(tid)
+                try:
+                    pending = context.on_application()
+                except Exception:
+                    log.exception("%s raised", name_of(context.on_application))
+                else:
+                    if pending is not None and is_awaitable(pending):
+                        yield from _logged(pending, context.on_application)
         return None
 
     async def _apply_async(self, p: Partition, batch: list[FeedItem]) -> BaseException | None:

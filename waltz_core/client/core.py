@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any, Self
 
 from ..config import ClientProcessConfig
@@ -92,6 +92,7 @@ class AsyncWaltzClient:
         ctx = self._ctx = ClientContext(self.config, callbacks, _dispatcher or InlineDispatcher())
         self._partitions = ctx.partitions
         self._transport: Any = None
+        self._mount_timeout = self.config.client.mount_timeout
         #: this client's own metrics (``waltz_client_*``); an application exposes them with
         #: ``client.metrics.render_prometheus()``. Updated only where the event already costs work
         #: (a lock failure, a retry, an own commit); gauges are read when rendered.
@@ -132,7 +133,8 @@ class AsyncWaltzClient:
         ctx.links = Links(self._transport, f"waltz-client-{ctx.client_id} {core_version()}",
                           connect_timeout=cfg.transport.connect_timeout, reconnect_delay=cfg.client.reconnect_delay,
                           on_connected=streams.on_connected, on_message=streams.on_message,
-                          on_feed=streams.on_feed, on_lost=streams.on_lost)
+                          on_feed=streams.on_feed, on_lock_failure=streams.on_lock_failure,
+                          on_lost=streams.on_lost)
         self._sender.start()
         if cfg.client.auto_mount:
             await self._activate(range(ctx.num_partitions))
@@ -239,15 +241,17 @@ class AsyncWaltzClient:
 
     # ----------------------------------------------------------------------------- appends
 
-    async def submit(self, context: TransactionContext) -> None:
-        """Execute ``context`` and send its append; returns once it is sent.
+    def submit(self, context: TransactionContext) -> Coroutine[Any, Any, None]:
+        """Execute ``context`` and send its append; returns once it is sent (a coroutine: ``await
+        client.submit(context)``).
 
         Awaits while the partition is not mounted (``client.mount_timeout``, then
         ClientTimeoutError) and while ``client.max_concurrent_transactions`` appends of the
         partition are in flight (back pressure). If ``execute`` raises, ``on_exception`` is called
         and the exception re-raised. The outcome arrives through the context's callbacks.
         """
-        await self._sender.submit(context, 0, self.config.client.mount_timeout)
+        # The sender's coroutine itself, not one awaiting it: a coroutine less per transaction.
+        return self._sender.submit(context, 0, self._mount_timeout)
 
     def has_pending(self) -> bool:
         """True while appends are in flight, waiting for a lock retry or queued for re-execution."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import ClientClosedError, ConnectionClosedError, ProtocolError, TransportError, WaltzError
 from ..protocol import CLIENT
-from ..protocol.client import unpack_feed_data
+from ..protocol.client import unpack_feed_data, unpack_lock_failure
 from ..protocol.wire import ReqId
 from ..transport import MessageChannel
 from ..transport.base import Transport
@@ -34,6 +34,11 @@ log = logging.getLogger("waltz.client.link")
 #: ``on_feed(link, (client id, generation, partition id, seq num, transaction id, header))``: one
 #: feed record; returns an awaitable when the reader must wait (the partition's feed queue is full)
 FeedHandler = Callable[["ServerLink", tuple[int, int, int, int, int, int]], Awaitable[None] | None]
+#: ``on_lock_failure(link, (client id, generation, partition id, seq num, transaction id))``: one
+#: LockFailure, without a message object
+LockFailureHandler = Callable[["ServerLink", tuple[int, int, int, int, int]], None]
+#: ``on_message(link, message)``: any other stream message (a plain call: nothing there waits)
+MessageHandler = Callable[["ServerLink", Any], None]
 
 
 class ServerLink:
@@ -42,8 +47,9 @@ class ServerLink:
     def __init__(self, endpoint: str, transport: Transport, role: str, *, connect_timeout: float,
                  reconnect_delay: float, next_net_seq: Callable[[], int],
                  on_connected: Callable[[ServerLink], None],
-                 on_message: Callable[[ServerLink, Any], Awaitable[None]],
+                 on_message: MessageHandler,
                  on_feed: FeedHandler,
+                 on_lock_failure: LockFailureHandler,
                  on_lost: Callable[[ServerLink], None]) -> None:
         self.endpoint = endpoint
         self.partitions: set[int] = set()
@@ -57,6 +63,7 @@ class ServerLink:
         self._on_message = on_message
         self._on_lost = on_lost
         self._on_feed = on_feed
+        self._on_lock_failure = on_lock_failure
         self._encode = CLIENT.encode
         self._stream: MessageChannel | None = None
         self._out: list[bytes] = []
@@ -126,7 +133,7 @@ class ServerLink:
             try:
                 self._on_connected(self)
                 recv, decode = channel.conn.recv, channel.family.decode
-                on_feed, on_message = self._on_feed, self._on_message
+                on_feed, on_message, on_lock_failure = self._on_feed, self._on_message, self._on_lock_failure
                 while True:
                     frame = await recv()
                     # Feed records are most of the stream: their fields go to on_feed without
@@ -136,8 +143,12 @@ class ServerLink:
                         waiting = on_feed(self, fields)
                         if waiting is not None:
                             await waiting
+                        continue
+                    lock_failure = unpack_lock_failure(frame)  # the next most frequent: no objects either
+                    if lock_failure is not None:
+                        on_lock_failure(self, lock_failure)
                     else:
-                        await on_message(self, decode(frame))
+                        on_message(self, decode(frame))
             except ConnectionClosedError:
                 log.info("stream connection to %s closed", self.endpoint)
             except (ProtocolError, TransportError) as exc:
@@ -250,8 +261,8 @@ class Links:
 
     def __init__(self, transport: Transport, role: str, *, connect_timeout: float, reconnect_delay: float,
                  on_connected: Callable[[ServerLink], None],
-                 on_message: Callable[[ServerLink, Any], Awaitable[None]],
-                 on_feed: FeedHandler, on_lost: Callable[[ServerLink], None]) -> None:
+                 on_message: MessageHandler, on_feed: FeedHandler, on_lock_failure: LockFailureHandler,
+                 on_lost: Callable[[ServerLink], None]) -> None:
         self._transport = transport
         self._role = role
         self._connect_timeout = connect_timeout
@@ -259,6 +270,7 @@ class Links:
         self._on_connected = on_connected
         self._on_message = on_message
         self._on_feed = on_feed
+        self._on_lock_failure = on_lock_failure
         self._on_lost = on_lost
         self._net_seq = itertools.count(1)
         self._links: dict[str, ServerLink] = {}
@@ -271,7 +283,7 @@ class Links:
                 endpoint, self._transport, self._role, connect_timeout=self._connect_timeout,
                 reconnect_delay=self._reconnect_delay, next_net_seq=self._next_net_seq,
                 on_connected=self._on_connected, on_message=self._on_message, on_feed=self._on_feed,
-                on_lost=self._on_lost)
+                on_lock_failure=self._on_lock_failure, on_lost=self._on_lost)
         return link
 
     def _next_net_seq(self) -> int:

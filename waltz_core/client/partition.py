@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Final
 from ..inbox import Inbox
 from ..protocol import client as m
 from ..protocol.session import Action, PendingAppend, Session, SessionState
-from ..protocol.wire import ReqId
 
 if TYPE_CHECKING:
     from ..coordination.recipes import PartitionOwner
@@ -42,19 +41,11 @@ _SETTLED: Final = frozenset({SessionState.READY, SessionState.AHEAD, SessionStat
 Pending = PendingAppend["TransactionContext"]
 
 
-class Own:
-    """An own transaction seen committed and not yet applied."""
-
-    __slots__ = ("context", "completed")
-
-    def __init__(self, context: TransactionContext) -> None:
-        self.context = context
-        self.completed = False  #: on_completion(True) was called
-
-
-#: A feed record waiting to be applied: (transaction id, header, req id, own transaction or None).
-#: A plain tuple: one is made per transaction on the hot path.
-FeedItem = tuple[int, int, ReqId, "Own | None"]
+#: A feed record waiting to be applied: the fields of its FeedData as the stream reader unpacked
+#: them, ``(client id, generation, partition id, seq num, transaction id, header)``. The tuple
+#: :func:`~waltz_core.protocol.client.unpack_feed_data` made, queued as it is: nothing is made per
+#: record on the way to the applier (own transactions are found in :attr:`Partition.own`).
+FeedItem = tuple[int, int, int, int, int, int]
 
 
 class LockWaits:
@@ -90,7 +81,7 @@ class Partition:
     """One partition of one client (see the module docstring)."""
 
     __slots__ = ("id", "session", "owner", "link", "ready", "mount_retry", "inflight", "slot_waiters", "feed",
-                 "consumer", "own", "lock_waits")
+                 "consumer", "own", "completed", "lock_waits")
 
     def __init__(self, partition_id: int, client_id: int, high_water_mark: int) -> None:
         self.id = partition_id
@@ -105,7 +96,11 @@ class Partition:
         self.slot_waiters: deque[asyncio.Future[bool]] = deque()
         self.feed: Inbox[FeedItem] = Inbox(FEED_QUEUE)  #: received, not yet applied; the stream reader waits when full
         self.consumer: asyncio.Task[None] | None = None
-        self.own: dict[int, Own] = {}
+        #: own transactions seen committed and not yet applied: transaction id -> context
+        self.own: dict[int, TransactionContext] = {}
+        #: those of :attr:`own` whose ``on_completion(True)`` was called and whose apply failed
+        #: (called once, even if the apply is repeated)
+        self.completed: set[int] = set()
         self.lock_waits = LockWaits()
 
     def __repr__(self) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ..errors import ClientAheadError, ClientClosedError, ClientError, ClientTimeoutError
@@ -66,13 +67,16 @@ class Sender:
         self._cap = ctx.config.client.max_concurrent_transactions
         self._m_lock_failures = lock_failures
         self._m_retries = retries
-        self._queue: asyncio.Queue[tuple[TransactionContext, int]] | None = None
+        #: contexts to execute again, with their executions so far: a deque the retry workers
+        #: take from, woken one per queued context (an asyncio.Queue costs a coroutine per get)
+        self._queue: deque[tuple[TransactionContext, int]] = deque()
+        self._idle_workers: deque[asyncio.Future[None]] | None = None  #: set by start()
         self._retrying = 0  #: contexts a retry worker took and has not finished with
 
     def start(self) -> None:
         """Start the retry workers and the nudge loop (on the client's loop)."""
         ctx = self._ctx
-        self._queue = asyncio.Queue()
+        self._idle_workers = deque()
         for i in range(max(1, ctx.config.client.num_retry_workers)):
             ctx.spawn(self._retry_worker(), name=f"waltz-client-retry-{i}")
         ctx.spawn(self._nudge_loop(), name="waltz-client-nudge")
@@ -80,11 +84,13 @@ class Sender:
     # ---------------------------------------------------------------------------- submitting
 
     def partition_of(self, context: TransactionContext) -> int:
-        ctx = self._ctx
-        pid = context.partition_id(ctx.num_partitions)
-        if not isinstance(pid, int) or not 0 <= pid < ctx.num_partitions:
+        return self._checked_partition(context, context.partition_id(self._ctx.num_partitions))
+
+    def _checked_partition(self, context: TransactionContext, pid: object) -> int:
+        num_partitions = self._ctx.num_partitions
+        if not isinstance(pid, int) or not 0 <= pid < num_partitions:
             raise ClientError(f"{type(context).__name__}.partition_id() returned {pid!r}, "
-                              f"not a partition in 0..{ctx.num_partitions - 1}")
+                              f"not a partition in 0..{num_partitions - 1}")
         return pid
 
     async def submit(self, context: TransactionContext, attempts: int, timeout: float | None) -> None:
@@ -95,12 +101,17 @@ class Sender:
         re-execution it ends there.
         """
         ctx = self._ctx
-        ctx.check_open()
+        if ctx.closed or not ctx.started:
+            ctx.check_open()
         first = attempts == 0
-        if _expired(context, attempts):
+        # _expired only when the context has a limit (most have none: two attribute reads, no call)
+        if (context.max_retries is not None or context.timeout is not None) and _expired(context, attempts):
             await (ctx.notify_submitter if first else ctx.notify)(context.on_expiration)
             return
-        pid = self.partition_of(context)
+        num_partitions = ctx.num_partitions
+        pid = context.partition_id(num_partitions)
+        if type(pid) is not int or not 0 <= pid < num_partitions:
+            pid = self._checked_partition(context, pid)  # raises unless an int subclass in range
         p = self._partitions.get(pid)
         if p is not None and p.session.state is _READY and p.inflight < self._cap:
             p.inflight += 1  # acquire()'s answer when the partition is mounted and has a free slot
@@ -115,7 +126,7 @@ class Sender:
         try:
             if not dispatcher.threaded:
                 ok = context.execute(builder)
-                if is_awaitable(ok):
+                if ok is not True and is_awaitable(ok):
                     ok = await ok
             elif first:
                 ok = await dispatcher.call_submitter(context.execute, builder, final_if_true=True)
@@ -230,17 +241,42 @@ class Sender:
     def retry(self, entry: Pending) -> None:
         ctx = self._ctx
         if not ctx.closed:
-            assert self._queue is not None
-            self._queue.put_nowait((entry.item, entry.attempts))
+            idle = self._idle_workers
+            assert idle is not None
+            self._queue.append((entry.item, entry.attempts))
+            if idle:
+                self._wake_one(idle)
             self._m_retries.inc()
             ctx.ping()
 
+    @staticmethod
+    def _wake_one(idle: deque[asyncio.Future[None]]) -> None:
+        """Wake one waiting retry worker (as asyncio.Queue.put_nowait wakes one getter)."""
+        while idle:
+            waiter = idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     async def _retry_worker(self) -> None:
-        assert self._queue is not None
+        idle = self._idle_workers
+        assert idle is not None
         queue = self._queue
         ctx = self._ctx
+        loop = asyncio.get_running_loop()
         while True:
-            context, attempts = await queue.get()
+            while not queue:
+                waiter: asyncio.Future[None] = loop.create_future()
+                idle.append(waiter)
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled() and queue:
+                        self._wake_one(idle)  # woken as we were cancelled: pass the wake-up on
+                    elif waiter in idle:
+                        idle.remove(waiter)
+                    raise
+            context, attempts = queue.popleft()
             self._retrying += 1
             try:
                 await self.submit(context, attempts, None)
@@ -269,7 +305,7 @@ class Sender:
 
     def idle(self) -> bool:
         """No re-execution queued or running."""
-        return not self._retrying and (self._queue is None or self._queue.empty())
+        return not self._retrying and not self._queue
 
     def has_pending(self) -> bool:
         """Appends in flight, waiting for a lock retry, or queued for re-execution."""
@@ -279,7 +315,7 @@ class Sender:
 
     def pending_count(self) -> int:
         """For the pending-appends gauge, from any thread (the partition list is copied first)."""
-        queued = self._queue.qsize() if self._queue is not None else 0
+        queued = len(self._queue)
         return sum(len(p.session) + len(p.lock_waits) for p in list(self._partitions.values())) + queued + self._retrying
 
     def abandon(self) -> list[TransactionContext]:
@@ -289,7 +325,7 @@ class Sender:
         for p in self._partitions.values():
             unknown.extend(e.item for e in p.session.abandon())
             unknown.extend(e.item for e in p.lock_waits.drain())
-        if self._queue is not None:
-            while not self._queue.empty():
-                unknown.append(self._queue.get_nowait()[0])
+        queue = self._queue
+        while queue:
+            unknown.append(queue.popleft()[0])
         return unknown

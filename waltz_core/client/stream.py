@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import client as m
 from ..protocol.session import ClientAhead, LockFailed, Mounted, RemountLater, SessionState
-from ..protocol.wire import ReqId
-from .partition import Own
 
 if TYPE_CHECKING:
     import asyncio
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
     from ..metrics import Histogram
     from .context import ClientContext
     from .link import ServerLink
-    from .partition import Partition
+    from .partition import FeedItem, Partition
     from .sender import Sender
 
 log = logging.getLogger("waltz.client")
@@ -122,10 +120,10 @@ class Streams:
 
     # ---------------------------------------------------------------------- stream messages
 
-    def on_feed(self, link: ServerLink, fields: tuple[int, int, int, int, int, int]) -> asyncio.Future[None] | None:
+    def on_feed(self, link: ServerLink, fields: FeedItem) -> asyncio.Future[None] | None:
         """One feed record (the stream reader's fast path, no message object); returns a future
-        to await when the partition's feed queue is full."""
-        client_id, generation, pid, seq, tid, header = fields
+        to await when the partition's feed queue is full. The fields tuple is the feed item."""
+        client_id, _, pid, seq, tid, _ = fields
         p = self._partitions.get(pid)
         if p is None:
             return None
@@ -133,21 +131,38 @@ class Streams:
         if session.state is _INACTIVE:
             return None
         entry = session.on_feed(client_id, seq, tid)
-        own = None
         if entry is not None:
-            own = p.own[tid] = Own(entry.item)
-            p.release_slot()
+            p.own[tid] = entry.item  # the applier finds it there (a redelivery too)
+            if p.slot_waiters:
+                p.release_slot()  # passes the slot on
+            else:
+                p.inflight -= 1  # release_slot's answer when nobody waits for a slot
             self._commit_latency.observe(time.monotonic() - entry.registered)
-        elif client_id == session.client_id:
-            own = p.own.get(tid)  # delivered again after an apply failure
         if session.failed:
             self._sender.failed(p, session.take_failed())
         if session.flushed:
             session.take_flushed()
             self._ctx.ping()
-        return p.feed.put((tid, header, ReqId(client_id, generation, pid, seq), own))
+        return p.feed.put(fields)
 
-    async def on_message(self, link: ServerLink, msg: Any) -> None:
+    def on_lock_failure(self, link: ServerLink, fields: tuple[int, int, int, int, int]) -> None:
+        """One LockFailure (the stream reader's fast path, no message object): what
+        :meth:`on_message` does with one, whose session answer changes no state."""
+        client_id, _, pid, seq, transaction_id = fields
+        p = self._partitions.get(pid)
+        if p is None or p.state is _INACTIVE:
+            return
+        session = p.session
+        decision = session.on_lock_failure(client_id, seq, transaction_id)
+        if session.failed:
+            self._sender.failed(p, session.take_failed())
+        if session.flushed:
+            session.take_flushed()
+            self._ctx.ping()
+        if decision is not None:
+            self._sender.lock_failed(p, decision)
+
+    def on_message(self, link: ServerLink, msg: Any) -> None:
         t = type(msg)
         p = self._partitions.get(msg.req_id.partition_id)
         if p is None or p.state is _INACTIVE:

@@ -411,9 +411,37 @@ def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
 
     The client's stream reader takes this path for every feed record: no message objects.
     """
-    if len(buf) != _FEED_DATA.size or buf[0] != 4:
+    if len(buf) != _FEED_DATA_SIZE or buf[0] != 4:
         return None
-    return _FEED_DATA.unpack(buf)[1:]
+    return _unpack_feed_fields(buf, 1)  # the fields without the type byte: no slice of a 7-tuple
+
+
+# --- client-side fast paths (the client encodes/decodes these once per transaction or lock failure)
+
+_unpack_feed_fields: Final = struct.Struct(">iiiiqi").unpack_from  # FeedData after its type byte
+#: An append with one write lock and no read or append locks (a transaction on one key).
+_APPEND_ONE_WRITE_HEAD: Final = struct.Struct(">biiiiqiiiiii")
+_unpack_head_long: Final = _HEAD_LONG.unpack
+_HEAD_LONG_SIZE: Final = _HEAD_LONG.size
+
+
+@CODEC.decoder(LockFailure)
+def _dec_lock_failure(buf: Buf) -> LockFailure:
+    if len(buf) != _HEAD_LONG_SIZE:
+        return CODEC.generic_decoder(LockFailure)(buf)  # raises the precise error
+    _, c, g, p, s, t = _unpack_head_long(buf)
+    return LockFailure(ReqId(c, g, p, s), t)
+
+
+def unpack_lock_failure(buf: bytes) -> tuple[int, int, int, int, int] | None:
+    """``(client id, generation, partition id, seq num, transaction id)`` when ``buf`` is a
+    well-formed LockFailure payload, else None (the client's stream reader: no message objects)."""
+    if len(buf) != _HEAD_LONG_SIZE or buf[0] != 10:
+        return None
+    return _unpack_lock_failure_fields(buf, 1)
+
+
+_unpack_lock_failure_fields: Final = struct.Struct(">iiiiq").unpack_from
 
 
 def encode_append(client_id: int, generation: int, partition_id: int, seq_num: int, client_high_water_mark: int,
@@ -421,10 +449,16 @@ def encode_append(client_id: int, generation: int, partition_id: int, seq_num: i
                   header: int, data: bytes, checksum: int) -> bytes:
     """The AppendRequest payload from its fields, without building message objects (the client
     sends one per transaction)."""
-    if not write_locks and not read_locks and not append_locks:
-        return b"".join((_APPEND_PLAIN_HEAD.pack(2, client_id, generation, partition_id, seq_num,
-                                                 client_high_water_mark, 0, 0, 0, header, len(data)),
-                         data, U32.pack(checksum)))
+    if not read_locks and not append_locks:
+        if not write_locks:
+            return b"".join((_APPEND_PLAIN_HEAD.pack(2, client_id, generation, partition_id, seq_num,
+                                                     client_high_water_mark, 0, 0, 0, header, len(data)),
+                             data, U32.pack(checksum)))
+        if len(write_locks) == 1:
+            return b"".join((_APPEND_ONE_WRITE_HEAD.pack(2, client_id, generation, partition_id, seq_num,
+                                                         client_high_water_mark, 1, write_locks[0], 0, 0, header,
+                                                         len(data)),
+                             data, U32.pack(checksum)))
     out = [_HEAD_LONG.pack(2, client_id, generation, partition_id, seq_num, client_high_water_mark)]
     w_int_array(out, write_locks)
     w_int_array(out, read_locks)

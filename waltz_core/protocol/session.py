@@ -183,7 +183,7 @@ class ClientAhead:
     client_high_water_mark: int
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)  # not frozen: a frozen attrs class costs a setattr call per field to make
 class LockFailed(Generic[T]):
     """The append ``entry`` failed its lock check because of transaction ``transaction_id``.
 
@@ -377,12 +377,18 @@ class Session(Generic[T]):
         return ClientAhead(self.hwm)
 
     def _on_lock_failure(self, msg: m.LockFailure) -> LockFailed[T] | None:
-        if msg.req_id.client_id != self.client_id:
+        q = msg.req_id
+        return self.on_lock_failure(q.client_id, q.seq_num, msg.transaction_id)
+
+    def on_lock_failure(self, client_id: int, seq: int, transaction_id: int) -> LockFailed[T] | None:
+        """A LockFailure (the fields of its ReqId that matter, and its transaction id), without the
+        message object: what :meth:`receive` does with one (the client's stream reader calls this)."""
+        if client_id != self.client_id:
             return None
-        entry = self._pending.pop(self._count_of(msg.req_id.seq_num), None)
+        entry = self._pending.pop(self._count_of(seq), None)
         if entry is None:
             return None  # decided already (a READY mount failed it)
-        return LockFailed(entry, msg.transaction_id, msg.transaction_id <= self.hwm)
+        return LockFailed(entry, transaction_id, transaction_id <= self.hwm)
 
     def _on_flush_response(self, msg: m.FlushResponse) -> None:
         count = self._count_of(msg.req_id.seq_num)

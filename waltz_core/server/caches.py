@@ -147,6 +147,17 @@ class FeedCache(_BudgetedCache):
         self._pending_count += 1
         self._pending_bytes += FRAME_COST
 
+    def add_many(self, first_transaction_id: int, frames: list[bytes]) -> None:
+        """:meth:`add` of ``frames`` for ``first_transaction_id, first_transaction_id + 1, ...``
+        (a commit batch: one check and one count for all of them)."""
+        cached = self._frames
+        if first_transaction_id != self._first + len(cached):
+            self.reset(first_transaction_id)  # as add() does for the first of them
+        cached.extend(frames)
+        n = len(frames)
+        self._pending_count += n
+        self._pending_bytes += n * FRAME_COST
+
     def evict_oldest(self, count: int, nbytes: int) -> tuple[int, int]:
         frames = self._frames
         n = min(count, len(frames) - self._pending_count, -(-nbytes // FRAME_COST))

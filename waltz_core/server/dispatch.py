@@ -43,10 +43,11 @@ async def read_client_messages(link: ClientLink, partitions: Mapping[int, Partit
     """
     channel = link.channel
     recv, decode = channel.conn.recv, channel.family.decode
+    append_type = m.AppendRequest
     while True:
         msg = decode(await recv())  # ProtocolError for bytes that do not decode
         t = type(msg)
-        if t in ADMIN_REQUESTS:
+        if t is not append_type and t in ADMIN_REQUESTS:  # an append (most messages) is not one
             admin(msg, link)
             continue
         partition = partitions.get(msg.req_id.partition_id)

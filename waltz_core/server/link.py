@@ -23,7 +23,7 @@ _ids = itertools.count(1)
 
 class ClientLink:
     __slots__ = ("channel", "id", "_encode", "_buffer", "_wakeup", "_writable", "_high", "_low", "_writer", "_closed",
-                 "_inbound", "_inbound_high", "_inbound_low", "_readable")
+                 "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable")
 
     def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024,
                  inbound_high_water: int = 600, inbound_low_water: int = 300) -> None:
@@ -42,6 +42,9 @@ class ClientLink:
         self._inbound_low = inbound_low_water
         self._readable = asyncio.Event()
         self._readable.set()
+        #: False while too many messages of this connection are queued in partitions (mirrors
+        #: ``_readable``: a plain attribute, read once per message)
+        self.readable = True
         self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name=f"client-link-{self.id}-writer")
 
     @property
@@ -84,20 +87,17 @@ class ClientLink:
         self._inbound += 1
         if self._inbound >= self._inbound_high:
             self._readable.clear()
+            self.readable = False
 
     def inbound_done(self) -> None:
         self._inbound -= 1
-        if self._inbound <= self._inbound_low:
+        if self._inbound <= self._inbound_low and not self.readable:
             self._readable.set()
-
-    @property
-    def readable(self) -> bool:
-        """False while too many messages of this connection are queued in partitions."""
-        return self._readable.is_set()
+            self.readable = True
 
     async def wait_readable(self) -> None:
         """Wait while too many messages of this connection are queued in partitions."""
-        if not self._readable.is_set():
+        if not self.readable:
             await self._readable.wait()
 
     async def wait_writable(self) -> None:

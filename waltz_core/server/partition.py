@@ -37,6 +37,8 @@ from .caches import CacheBudget, DataCache, FeedCache
 from .link import ClientLink
 
 log = logging.getLogger("waltz.server.partition")
+_monotonic = time.monotonic
+_AppendRequest = m.AppendRequest  #: looked up once per message in offer()
 
 FEED_BATCH = 256  # headers per feed write; bounded so one busy feed cannot starve others
 #: Caps of one TransactionDataRangeResponse, whatever the client asks for (bytes: also at most
@@ -91,15 +93,10 @@ class Store(Protocol):
         """Bytes the store keeps for its replicas (the server's replication budget)."""
 
 
-@attrs.define(slots=True)
-class _Pending:
-    transaction_id: int
-    req_id: ReqId
-    header: int
-    data: bytes
-    checksum: int
-    locks: LockRequest
-    started: float  #: monotonic time the append was handed to the store
+#: An append handed to the store, until it commits: a plain tuple (one per transaction, so no
+#: object with attributes): (transaction id, req id, header, data, checksum, locks, monotonic
+#: time of the hand-off).
+_Pending = tuple[int, ReqId, int, bytes, int, LockRequest, float]
 
 
 @attrs.define(slots=True)
@@ -207,7 +204,7 @@ class Partition:
     def offer(self, msg: Any, link: ClientLink) -> asyncio.Future[None] | None:
         """:meth:`submit` without a coroutine: returns a future to await while the inbox is full."""
         t = type(msg)
-        if t is m.AppendRequest:
+        if t is _AppendRequest:
             link.inbound_added()
             return self._inbox.put((msg, link))
         if t is m.MountRequest or t is m.FlushRequest:
@@ -249,11 +246,14 @@ class Partition:
                     await inbox.wait()  # returns on an arrival, or on a commit while appends are blocked
                     continue
                 item = inbox.popleft()
-                (item.link if type(item) is _Barrier else item[1]).inbound_done()
                 if type(item) is _Barrier:
+                    item.link.inbound_done()
                     await self._barrier(item)
-                elif not self._append_now(*item):
-                    await self._append(*item)
+                    continue
+                req, link = item
+                link.inbound_done()
+                if not self._append_now(req, link):
+                    await self._append(req, link)
             except asyncio.CancelledError:
                 raise
             except WaltzError as exc:
@@ -267,8 +267,12 @@ class Partition:
         must handle it; nothing was changed then."""
         if not self.store.writable:
             return False
-        if not self._is_current(req.req_id, link):
-            return True  # stale connection or generation: ignored, as the original does
+        q = req.req_id  # _is_current inlined: once per transaction
+        if q.generation != self.generation:
+            return True  # stale generation: ignored, as the original does
+        slot = self._clients.get(q.client_id)
+        if slot is None or slot.link is not link:
+            return True  # stale connection: ignored, as the original does
         request = NO_LOCKS
         if req.write_locks or req.read_locks or req.append_locks:
             request = LockRequest.from_append(req)
@@ -335,8 +339,9 @@ class Partition:
                 self.lock_failures += 1
                 link.post(m.LockFailure(req.req_id, conflict))
                 return
-        txn = self.store.append(req.req_id, req.header, req.data, req.checksum)
-        self._pending.append(_Pending(txn, req.req_id, req.header, req.data, req.checksum, request, time.monotonic()))
+        q, header, data, checksum = req.req_id, req.header, req.data, req.checksum
+        self._pending.append((self.store.append(q, header, data, checksum), q, header, data, checksum, request,
+                              _monotonic()))
         self.appends += 1
 
     async def _barrier(self, item: _Barrier) -> None:
@@ -359,20 +364,34 @@ class Partition:
     def on_committed(self, high_water_mark: int) -> None:
         pending = self._pending
         locks = self.locks
-        feed_add = self._feed_cache.add
         data_put = self._data_cache.put
-        now = time.monotonic()
-        latencies = self._latencies
+        now = _monotonic()
+        add_latency = self._latencies.append
         observe = self._histogram.observe if self._histogram is not None else None
-        while pending and pending[0].transaction_id <= high_water_mark:
-            p = pending.popleft()
-            latencies.append(now - p.started)
+        popleft = pending.popleft
+        no_locks = NO_LOCKS
+        feed_add_many = self._feed_cache.add_many
+        frames: list[bytes] = []
+        add_frame = frames.append
+        first = expected = pending[0][0] if pending else 0
+        while pending and pending[0][0] <= high_water_mark:
+            txn, q, header, data, checksum, request, started = popleft()
+            if txn != expected:  # never seen (a session assigns consecutive ids): a new run of frames
+                feed_add_many(first, frames)
+                frames = []
+                add_frame = frames.append
+                first = txn
+            expected = txn + 1
+            latency = now - started
+            add_latency(latency)
             if observe is not None:
-                observe(now - p.started)
-            feed_add(p.transaction_id, encode_feed_data(p.req_id, p.transaction_id, p.header))
-            data_put(p.transaction_id, p.data, p.checksum)
-            if p.locks is not NO_LOCKS and locks is not None:
-                locks.commit(p.locks, p.transaction_id)
+                observe(latency)
+            add_frame(encode_feed_data(q, txn, header))
+            data_put(txn, data, checksum)
+            if request is not no_locks and locks is not None:
+                locks.commit(request, txn)
+        if frames:
+            feed_add_many(first, frames)  # the feed frames of the batch, with one check
         self._feed_cache.settle()  # charge the server's budgets once per commit batch
         self._data_cache.settle()
         if high_water_mark > self.high_water_mark:
@@ -387,9 +406,9 @@ class Partition:
         self.on_committed(high_water_mark)
         locks = self.locks
         while self._pending:
-            p = self._pending.popleft()
-            if p.locks is not NO_LOCKS and locks is not None:
-                locks.abort(p.locks)
+            request = self._pending.popleft()[5]
+            if request is not NO_LOCKS and locks is not None:
+                locks.abort(request)
         self.high_water_mark = high_water_mark
 
     def _wake_feeds(self) -> None:

@@ -123,8 +123,9 @@ class _ReplicaSession:
                         limit = min(limit, s.start_high_water_mark - self.acked)
                     batch = await s.read_from_peer(self, cursor, limit)
                 await self.api.append(sid, pid, batch)
-                self.acked = batch.last_transaction_id
-                s.on_ack()
+                self.acked = acked = batch.last_transaction_id
+                if acked > s.committed:  # else this ack cannot move the commit (see on_ack)
+                    s.on_ack()
         except asyncio.CancelledError:
             raise
         except WaltzError as exc:
@@ -172,7 +173,12 @@ class StoreSession:
         self._buffer: deque[bytes] = deque()
         self._buffer_bytes = 0
         self.buffer_first = start_hwm + 1
+        #: the last batch built by buffered(), shared by the replica sessions that ask for the
+        #: same records (in lock step they all do): the bytes of a transaction id never change
+        #: within a session, so a batch stays valid for it
+        self._last_batch: RecordBatch | None = None
         self._records_event = asyncio.Event()
+        self._records_set = False  #: mirrors _records_event.is_set() (checked once per append)
         self._broken: BaseException | None = None
         self.rolling_over = False  #: draining before a checkpoint rollover to a new session
 
@@ -184,13 +190,14 @@ class StoreSession:
         record = encode_stored_record(txn, req_id, header, data, checksum)
         self._buffer.append(record)
         self._buffer_bytes += len(record)
-        ev = self._records_event
-        if not ev.is_set():
-            ev.set()
+        if not self._records_set:
+            self._records_set = True
+            self._records_event.set()
         return txn
 
     async def wait_for_records(self, cursor: int) -> None:
         while self.last_assigned < cursor:
+            self._records_set = False
             self._records_event.clear()
             await self._records_event.wait()
 
@@ -201,7 +208,11 @@ class StoreSession:
             return None
         buf = self._buffer
         end = min(len(buf), start + max_count)
-        return RecordBatch(b"".join(islice(buf, start, end)), end - start, first)
+        last = self._last_batch
+        if last is not None and last.first_transaction_id == first and len(last) == end - start:
+            return last
+        self._last_batch = batch = RecordBatch(b"".join(islice(buf, start, end)), end - start, first)
+        return batch
 
     async def read_from_peer(self, reader: _ReplicaSession, first: int, max_count: int) -> RecordBatch:
         for peer in self.replicas.values():
@@ -214,10 +225,15 @@ class StoreSession:
     # ------------------------------------------------------------------------------- commits
 
     def on_ack(self) -> None:
-        acks = sorted((r.acked for r in self.replicas.values() if r.clean), reverse=True)
+        """A replica's acknowledgement moved (or it became clean): commit what a quorum holds.
+
+        Between calls the quorum-th highest clean acknowledgement is at most ``committed``, so a
+        replica whose acknowledgement is still at most ``committed`` need not call this."""
+        acks = [r.acked for r in self.replicas.values() if r.clean]
         quorum = self.quorum
         if len(acks) < quorum:
             return
+        acks.sort(reverse=True)
         candidate = acks[quorum - 1]
         if candidate > self.committed:
             self.committed = candidate
