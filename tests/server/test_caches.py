@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from waltz_core.config import ServerProcessConfig, load
 from waltz_core.errors import ConfigError
 from waltz_core.server.caches import (
+    DATA_CHUNK,
     DATA_ENTRY_OVERHEAD,
     FIFO_ENTRY_COST,
     FRAME_COST,
+    SKIPPED_DATA_COST,
     CacheBudget,
     DataCache,
     FeedCache,
@@ -80,7 +82,7 @@ def test_data_cache_charges_data_plus_overhead_and_skips_oversize_entries() -> N
     cache.put(1, b"y" * (budget.limit // 4 + 1), 2)  # bigger than a quarter of the budget
     cache.settle()
     assert cache.get(0) == (b"x" * 100, 1) and cache.get(1) is None
-    assert budget.used == 100 + DATA_ENTRY_OVERHEAD + E
+    assert budget.used == 100 + DATA_ENTRY_OVERHEAD + SKIPPED_DATA_COST + E
     for txn in range(2, 8):
         cache.put(txn, b"z" * 100, txn)
     cache.settle()
@@ -113,6 +115,39 @@ def test_the_budget_is_never_exceeded_and_always_adds_up(ops: list[tuple[int, in
         assert budget.used == sum(c.nbytes for c in caches) + budget.fifo_bytes
         ids = held(cache)
         assert ids == list(range(next_txn[which] - len(ids), next_txn[which]))  # newest kept, contiguous
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2 * DATA_CHUNK + 3), st.booleans(), st.booleans()), max_size=25),
+       st.integers(0, 3 * DATA_CHUNK))
+def test_data_cache_holds_the_newest_contiguous_entries_across_chunks(
+        batches: list[tuple[int, bool, bool]], room: int) -> None:
+    """Against a model: after each settled batch the cache holds the newest entries that fit the
+    budget, contiguous by id, with their data and checksums, over chunk boundaries and restarts."""
+    size = 8
+    budget = CacheBudget(room * (size + DATA_ENTRY_OVERHEAD) + FIFO_ENTRY_COST)
+    cache = DataCache(budget)
+    model: dict[int, tuple[bytes, int]] = {}
+    next_id = 0
+    for count, restart, oversize in batches:
+        if restart and count:  # a new store session: ids go on from elsewhere (seen at its first put)
+            next_id += 1000
+            model.clear()
+        for txn in range(next_id, next_id + count):
+            data = b"x" * (budget.limit // 4 + 1) if oversize and txn % 7 == 0 else b"%08d" % (txn % 10**8)
+            cache.put(txn, data, txn * 3)
+            if len(data) <= budget.limit // 4:
+                model[txn] = (data, txn * 3)
+        next_id += count
+        cache.settle()
+        assert budget.used <= budget.limit
+        assert budget.used == cache.nbytes + budget.fifo_bytes
+        held = [t for t in range(next_id - 3 * DATA_CHUNK - 10, next_id + 2) if cache.get(t) is not None]
+        assert held == [t for t in sorted(model) if t >= (held[0] if held else next_id)]
+        for t in held:
+            assert cache.get(t) == model[t]
+        if held:  # nothing newer than the oldest held entry was evicted
+            assert all(t in held for t in model if t > held[0])
 
 
 @pytest.mark.parametrize(("old", "new"), [("feed_cache_size", "server.feed_cache_budget"),
