@@ -173,3 +173,44 @@ def test_works_on_a_uvloop_event_loop() -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.get_loop().__class__.__module__.startswith("uvloop")
         assert runner.run(exchange()) == [b"uv%d" % i for i in range(5)]
+
+
+async def test_frames_sent_in_one_loop_iteration_go_out_in_one_write() -> None:
+    """Small frames sent by the callbacks of one event-loop iteration are gathered and written
+    together at its end (one syscall, one wake-up of the peer); a large frame, send_many and
+    close write what was gathered first, so the order never changes."""
+    transport = TcpTransport(max_frame_size=1 << 20)
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def collect(conn: Connection) -> None:
+        while True:
+            received.put_nowait(await conn.recv())
+
+    listener = await transport.listen("127.0.0.1", 0, collect)
+    conn = await transport.connect(listener.address)
+    assert isinstance(conn, TcpConnection)
+    writes: list[bytes] = []
+    asyncio_transport = conn._transport
+    assert asyncio_transport is not None
+    real_write = asyncio_transport.write
+
+    def counting_write(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        real_write(data)
+
+    asyncio_transport.write = counting_write  # type: ignore[method-assign]
+    for i in range(5):
+        await conn.send(b"small-%d" % i)  # no wait: all in this iteration
+    assert writes == []
+    await asyncio.sleep(0)
+    assert len(writes) == 1
+    await conn.send(b"a")
+    await conn.send(b"L" * 70_000)  # above the copy limit: "a" is written before it
+    await conn.send_many([b"b", b"c"])
+    await conn.send(b"last")
+    await conn.close()  # flushes "last"
+    expected = [b"small-%d" % i for i in range(5)] + [b"a", b"L" * 70_000, b"b", b"c", b"last"]
+    got = [await asyncio.wait_for(received.get(), 5) for _ in expected]
+    assert got == expected
+    assert writes[1] == struct.pack(">I", 1) + b"a"
+    await listener.close()

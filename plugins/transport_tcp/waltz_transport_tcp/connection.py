@@ -3,8 +3,9 @@
 Bytes read from the socket go through the sans-IO :class:`~waltz_core.protocol.framing.FrameDecoder`
 into a bounded deque; when the deque holds too many frames or bytes the socket stops being read
 until :meth:`TcpConnection.recv` drains it, so a slow consumer pushes back on its peer instead of
-buffering without bound. Writes go straight to the asyncio transport; ``send`` waits only while the
-transport's buffer is above its high-water mark. A timer per connection writes heartbeats when the
+buffering without bound. Small frames sent during one event-loop iteration are gathered and go to
+the asyncio transport in one write at its end (frames of several partitions to one storage node
+share a syscall); ``send`` waits only while the transport's buffer is above its high-water mark. A timer per connection writes heartbeats when the
 connection is idle and fails it with :class:`~waltz_core.errors.PeerTimeoutError` when nothing
 arrived for the idle timeout. Every method runs on the event loop that made the connection.
 With TLS the protocol sits above asyncio's SSL transport (``tls=True``): the same code, and a peer
@@ -35,9 +36,12 @@ from .tls import describe_tls_error, looks_like_tls
 
 log = logging.getLogger("waltz.transport.tcp")
 
-#: Frames up to this size are copied behind their length prefix (one write); larger ones are
-#: written as prefix + payload so a multi-megabyte payload is not copied once more.
+#: Frames up to this size are gathered with their length prefix and written once per event-loop
+#: iteration; larger ones are written as prefix + payload so a multi-megabyte payload is not
+#: copied once more.
 _COPY_LIMIT = 64 * 1024
+#: Gathered bytes that are written at once, without waiting for the end of the iteration.
+_GATHER_LIMIT = 256 * 1024
 
 
 def format_address(sockaddr: object) -> str:
@@ -81,6 +85,11 @@ class TcpConnection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._recv_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
+        #: small frames sent in this event-loop iteration (prefix, payload, ...), written together
+        #: by _write_gathered at its end: one syscall (and one wake-up of the peer) for all the
+        #: frames that callbacks of one iteration send on this connection
+        self._gathered: list[bytes] = []
+        self._gathered_bytes = 0
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._error: TransportError | ProtocolError | None = None
@@ -115,8 +124,15 @@ class TcpConnection(asyncio.BufferedProtocol):
         transport = self._transport
         assert transport is not None
         if n <= _COPY_LIMIT:
-            transport.write(LENGTH.pack(n) + frame)
+            gathered = self._gathered
+            if not gathered:
+                self._loop.call_soon(self._write_gathered)
+            gathered += (LENGTH.pack(n), frame)
+            self._gathered_bytes += n
+            if self._gathered_bytes >= _GATHER_LIMIT:
+                self._write_gathered()
         else:
+            self._write_gathered()  # what was sent before goes first
             transport.write(LENGTH.pack(n))
             transport.write(frame)
         self._tx_activity = True
@@ -131,6 +147,7 @@ class TcpConnection(asyncio.BufferedProtocol):
             return
         data = encode_frames(frames, self._max)  # validates every frame before anything is written
         assert self._transport is not None
+        self._write_gathered()  # what was sent before goes first
         self._transport.write(data)
         self._tx_activity = True
         if self._write_paused:
@@ -180,6 +197,7 @@ class TcpConnection(asyncio.BufferedProtocol):
         if transport is None:
             return
         if not self._closed:
+            self._write_gathered()
             self._closed = True
             self._error = ConnectionClosedError(f"connection to {self._peer} was closed locally")
             self._stop_timer()
@@ -296,6 +314,18 @@ class TcpConnection(asyncio.BufferedProtocol):
                 fut.set_result(None)
 
     # ------------------------------------------------------------------------ internals
+    def _write_gathered(self) -> None:
+        """Write the frames gathered since the last write, in one ``transport.write``."""
+        gathered = self._gathered
+        if not gathered:
+            return
+        data = b"".join(gathered)
+        gathered.clear()
+        self._gathered_bytes = 0
+        transport = self._transport
+        if not self._closed and transport is not None and not transport.is_closing():
+            transport.write(data)
+
     async def _drain(self) -> None:
         while self._write_paused and not self._closed:
             fut = self._loop.create_future()
@@ -335,6 +365,7 @@ class TcpConnection(asyncio.BufferedProtocol):
             return
         self._error = error
         self._closed = True
+        self._gathered.clear()
         self._stop_timer()
         self._wake_all()
         assert self._transport is not None
