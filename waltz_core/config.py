@@ -162,6 +162,10 @@ class StorageNodeConfig:
     max_batch_records: int = key(100, "Largest append batch written with one fdatasync.", validator=AT_LEAST_ONE)
     queue_size: int = key(100, "Requests queued per partition before the node stops reading from a connection.",
                           validator=AT_LEAST_ONE)
+    io_threads: int = key(2, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions; a "
+                             "partition always uses the same one. More threads overlap the fdatasyncs of different "
+                             "partitions at the cost of thread switches (docs/performance.md).",
+                          validator=AT_LEAST_ONE)
     options: Mapping[str, Mapping[str, Any]] = key(
         {}, "Per-layout option tables, written as [storage.<layout>] (validated by that layout's options class).")
 

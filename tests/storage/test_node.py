@@ -206,7 +206,7 @@ async def test_group_commit_batches_concurrent_appends(harness: NodeHarness) -> 
 
 
 async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key)
+    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": 2})  # partitions 0 and 1 on their own threads
     await h.start()
     try:
         node = h.node
@@ -223,7 +223,7 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
         await asyncio.sleep(0.2)
         assert worker.queue.qsize() == node.queue_size  # full: the connection is no longer read
         other = await h.client()
-        await _ready(h, 1)  # partition 1 progresses while partition 0 is stuck
+        await _ready(h, 1)  # partition 1 (on the other I/O thread) progresses while partition 0 is stuck
         await other.append(1, 1, make_records(0, 1, 1))
         gate.set()
         await blocker
@@ -233,11 +233,13 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
         await h.stop()
 
 
-async def test_a_queue_of_one_under_many_connections_loses_no_wake_up(tmp_path, cluster_key) -> None:
+@pytest.mark.parametrize("io_threads", [1, 3, 4])
+async def test_a_queue_of_one_under_many_connections_loses_no_wake_up(tmp_path, cluster_key, io_threads: int) -> None:
     # Appends pipelined 5 deep on each of 4 connections (one per partition) into queues of one:
-    # most puts wait for their partition thread to take the queue. A wake-up missed between the
-    # loop and a thread would hang an append (and time the test out).
-    h = NodeHarness(tmp_path, cluster_key, node_options={"queue_size": 1})
+    # most puts wait for their I/O thread to take the queue, and the threads serve 4, 2 or 1
+    # partitions each. A wake-up missed between the loop and a thread (a queue or a doorbell)
+    # would hang an append (and time the test out).
+    h = NodeHarness(tmp_path, cluster_key, node_options={"queue_size": 1, "io_threads": io_threads})
     await h.start()
     try:
         await _ready(h, 0, 1, 2, 3)
@@ -267,12 +269,12 @@ async def test_a_bug_in_a_batch_fails_its_requests_and_the_partition_goes_on(har
     real = worker._process
     calls = 0
 
-    def broken_once(items):  # type: ignore[no-untyped-def]
+    def broken_once(items, out):  # type: ignore[no-untyped-def]
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a bug")
-        return real(items)
+        return real(items, out)
 
     monkeypatch.setattr(worker, "_process", broken_once)
     with pytest.raises(StorageError, match="internal error: RuntimeError"):
@@ -291,7 +293,7 @@ async def test_close_answers_or_drops_queued_work_without_hanging(tmp_path, clus
     node = h.node
     assert node is not None
     await asyncio.wait_for(node.close(), 10)  # queued appends are written or refused, the threads end
-    assert all(w._thread is None for w in node.workers)
+    assert not any(io.running for io in node.io_threads)
     await asyncio.gather(*tasks, return_exceptions=True)
     h.node = None
     await h.stop()

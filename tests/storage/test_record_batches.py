@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,16 @@ async def test_a_refused_batch_inside_a_group_commit_fails_alone(harness: NodeHa
                 enumerate([first, RecordBatch(bytes(corrupt), 2, 2), gap, second], 1)]
     syncs = node.metrics.counter("storage_append_batches", labels={"partition": "0"})
     before = syncs.value
-    out = await worker.call(lambda: worker._process([_Item(req, lambda _r: None) for req in requests]))
+
+    def one_round() -> list[tuple[object, Any]]:
+        """What the I/O thread does with these items: run them, then sync the last group."""
+        replies: list[tuple[object, Any]] = []
+        written = worker.run([_Item(req, lambda _r: None) for req in requests], replies)
+        if written is not None:
+            worker.finish(written, replies)
+        return replies
+
+    out = await worker.call(one_round)
     responses = {response.seq_num: response for _reply, response in out}  # successes come at the flush
     assert [type(responses[seq]).__name__ for seq in (1, 2, 3, 4)] == [
         "SuccessResponse", "FailureResponse", "FailureResponse", "SuccessResponse"]

@@ -301,7 +301,7 @@ def _unpack_batch(buf: Buf, tail: int) -> tuple[int, int, int, RecordBatch] | No
 @CODEC.decoder(StorageAppendRequest)
 def _dec_append(buf: Buf) -> StorageAppendRequest:
     # Only the batch head is checked here: the storage node validates every record (ids,
-    # lengths, checksums) on the partition thread, where a bad batch fails alone.
+    # lengths, checksums) on the partition's I/O thread, where a bad batch fails alone.
     fields = _unpack_batch(buf, 1)
     offline = buf[-1]
     if fields is None or offline > 1:

@@ -3,7 +3,7 @@
 A storage node touches files only through a :class:`StorageLayout` (registered under the
 ``storage_layout`` registry kind, hook ``waltz_register_storage_layouts``; built-in:
 ``segmented``). Layout methods block (file I/O, fdatasync): the node calls them from the
-partition's worker thread, never from the event loop, and calls one partition's store from
+partition's I/O thread (:class:`~.node.IoThread`), never from the event loop, and calls one partition's store from
 one thread at a time. Layout errors are :mod:`waltz_core.errors` classes
 (:class:`~waltz_core.errors.StorageCorruptionError`,
 :class:`~waltz_core.errors.ClusterKeyMismatchError`).
@@ -82,6 +82,28 @@ class PartitionStore(Protocol):
 
     def close(self) -> None:
         """Release file handles; idempotent."""
+
+
+@runtime_checkable
+class DeferredSyncStore(Protocol):
+    """Optional for a :class:`PartitionStore`: an append in two steps, so that a storage node
+    writes the batches of several partitions first and then syncs each (the writeback of all
+    of them under way before the first fdatasync waits: one round of a node's I/O thread costs
+    about one fdatasync of latency, not one per partition). A store without these methods gets
+    :meth:`PartitionStore.append_validated` calls.
+
+    The node calls ``write_validated`` and then, in the same I/O-thread round, ``sync_written``,
+    and nothing else of the store in between; it acknowledges the records only after
+    ``sync_written`` returned. The store must still be correct when anything else follows a
+    write (it syncs first).
+    """
+
+    def write_validated(self, records: bytes | memoryview, offsets: array[int]) -> None:
+        """:meth:`PartitionStore.append_validated` without the durability: the records are
+        written (and may be read), durable once :meth:`sync_written` returns."""
+
+    def sync_written(self) -> None:
+        """Make everything written durable (one fdatasync), as ``append_validated`` would have."""
 
 
 @runtime_checkable

@@ -46,7 +46,7 @@ class _Volume:
         self.infos: dict[int, PartitionInfo] = {}
         self.logs: dict[int, list[bytes]] = {}  #: stored bytes of each record, index = transaction id
         self.holder: MemoryLayout | None = None  #: the open layout (one at a time, like the control file's lock)
-        self.lock = threading.Lock()  #: partitions' worker threads write their infos concurrently
+        self.lock = threading.Lock()  #: the I/O threads of several partitions write their infos concurrently
 
 
 _VOLUMES: dict[str, _Volume] = {}

@@ -1,15 +1,19 @@
 """The storage node: serves the ten storage requests and the admin port over a layout.
 
-Threading: connection handlers run on the event loop; each partition has one dedicated thread
-that does every file operation of that partition, so partitions progress independently and one
-partition's requests are handled in arrival order. A connection handler puts a decoded request
-straight into its partition's queue (no task in between); the partition thread takes everything
-queued at once: consecutive appends in that batch are written with one fdatasync (group commit,
-no fixed wait: the batch is whatever arrived while the previous fdatasync ran). The replies of a
-batch go back to the loop in one hand-off, shared by every partition thread that finished in the
-meantime (one loop wake-up, not one per batch), and the responses of one connection go out with
-one write. Each partition queue is bounded (``queue_size``); a connection whose partition queue
-is full stops being read (back pressure).
+Threading: connection handlers run on the event loop; every file operation runs on one of
+``io_threads`` I/O threads, and each partition always on the same one (partition id modulo the
+thread count), so one partition's requests are handled in arrival order, by one thread. A
+connection handler puts a decoded request straight into its partition's queue (no task in
+between) and rings the partition's I/O thread; the thread takes everything queued for every
+partition that rang and handles it as one round: consecutive appends of a partition are written
+with one fdatasync (group commit, no fixed wait: the batch is whatever arrived while the
+previous round ran). The replies of a round go back to the loop in one hand-off, shared by every
+thread that finished in the meantime (one loop wake-up, not one per batch), and the responses of
+one connection go out with one write. Fewer threads than partitions: every thread switch and
+GIL hand-off costs more CPU than the parallel fdatasyncs of many threads gain (measured in
+docs/performance.md), and a node with hundreds of partitions does not run hundreds of threads.
+Each partition queue is bounded (``queue_size``); a connection whose partition queue is full
+stops being read (back pressure).
 
 Fencing (seed 001 "Waltz Storage", original ``Partition.checkPermissions``): each partition
 remembers the highest store session id it has seen; a request with a lower one fails with
@@ -36,7 +40,7 @@ import uuid
 from array import array
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 
@@ -61,7 +65,7 @@ from ..protocol.wire import Record, RecordBatch, SessionInfo
 from ..transport.base import Connection
 from ..transport.channel import MessageChannel
 from .format import FLAG_ASSIGNED, FLAG_AVAILABLE, PartitionInfo
-from .layout import PartitionStore, Repair, StorageLayout
+from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
 log = logging.getLogger("waltz.storage.node")
 
@@ -82,10 +86,14 @@ class _Item:
         self.reply = reply
 
 
+#: what an I/O thread hands back to the loop: (reply, response) pairs
+Replies = list[tuple[Callable[[Any], None], Any]]
+
+
 class _AppendGroup:
     """Appends validated for one group commit: their bytes, replies and the records' offsets."""
 
-    __slots__ = ("items", "chunks", "offsets", "count", "nbytes")
+    __slots__ = ("items", "chunks", "offsets", "count", "nbytes", "started")
 
     def __init__(self) -> None:
         self.items: list[_Item] = []
@@ -93,6 +101,7 @@ class _AppendGroup:
         self.offsets = array("q")  #: start of each record, relative to the group's first byte
         self.count = 0
         self.nbytes = 0
+        self.started = 0.0  #: perf_counter when its write began (a written group waiting for its sync)
 
     def add(self, item: _Item, batch: RecordBatch) -> None:
         self.items.append(item)
@@ -114,17 +123,14 @@ def failure_for(req: Any, exc: BaseException) -> sm.FailureResponse:
     return sm.FailureResponse(req.session_id, req.seq_num, req.partition_id, wire_code(exc), str(exc))
 
 
-_STOP: Final = _Item(None, lambda _result: None)  #: the last item a partition thread takes
-
-
 class _Inbox:
-    """A partition's bounded queue: the event loop puts, the partition thread takes.
+    """A partition's bounded queue: the event loop puts, the partition's I/O thread takes.
 
-    ``put_nowait`` and ``put`` run on the loop; :meth:`take` on the partition thread, which blocks
-    (without the GIL) while the queue is empty and then takes everything queued. When the queue
-    holds ``maxsize`` items, ``put`` waits until the thread took them (back pressure). A waiting
-    ``put`` registers its future before checking the size again and the thread looks for waiters
-    after taking items, so a wake-up cannot be missed.
+    ``put_nowait`` and ``put`` run on the loop; :meth:`take` on the I/O thread, which takes
+    everything queued (it was rung: see :class:`IoThread`). When the queue holds ``maxsize``
+    items, ``put`` waits until the thread took them (back pressure). A waiting ``put`` registers
+    its future before checking the size again and the thread looks for waiters after taking
+    items, so a wake-up cannot be missed.
     """
 
     __slots__ = ("_q", "maxsize", "_waiters", "_loop")
@@ -160,16 +166,10 @@ class _Inbox:
                     self._waiters.remove(fut)
         q.put(item)
 
-    def put_last(self) -> None:
-        """Tell the thread to stop after the items queued now (beyond the bound: it is one item)."""
-        self._q.put(_STOP)
-
     def take(self) -> list[_Item]:
-        """Partition thread: wait for an item, then take every item queued."""
+        """I/O thread: every item queued now (maybe none)."""
         q = self._q
-        items = [q.get()]
-        for _ in range(q.qsize()):
-            items.append(q.get_nowait())
+        items = [q.get_nowait() for _ in range(q.qsize())]
         if self._waiters:
             try:
                 self._loop.call_soon_threadsafe(self._wake)
@@ -185,6 +185,75 @@ class _Inbox:
                 fut.set_result(None)
 
 
+class IoThread:
+    """One thread doing the file work of a set of partitions, a round at a time.
+
+    A partition with queued work *rings* its thread (puts itself on the doorbell queue, once
+    until the thread gets to it); the thread blocks on the doorbell (without the GIL), then
+    takes what every partition that rang has queued, handles each partition's items in order
+    and posts all the replies of the round to the loop at once. Lost wake-ups cannot happen: the
+    loop queues an item before it looks at the partition's ``rung`` flag, and the thread clears
+    the flag before it takes the items, so an item is either taken in this round or rings again.
+    """
+
+    def __init__(self, node: StorageNode, index: int) -> None:
+        self.node = node
+        self.name = f"storage-io-{index}"
+        self._doorbell: queue.SimpleQueue[PartitionWorker | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def ring(self, worker: PartitionWorker) -> None:
+        """Loop: ``worker`` has queued work (called after queueing it)."""
+        if not worker.rung:
+            worker.rung = True
+            self._doorbell.put(worker)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+            self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    async def stop(self) -> None:
+        """End the thread after the rounds rung so far (the partitions' work is done by then)."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._doorbell.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        self._thread = None
+
+    def _main(self) -> None:
+        doorbell = self._doorbell
+        post = self.node.post_replies
+        while True:
+            rang = [doorbell.get()]
+            rang.extend(doorbell.get_nowait() for _ in range(doorbell.qsize()))
+            replies: Replies = []
+            written: list[tuple[PartitionWorker, _AppendGroup]] = []
+            stop = False
+            for worker in rang:
+                if worker is None:
+                    stop = True
+                    continue
+                worker.rung = False  # before take(): an item queued after it rings again
+                items = worker.queue.take()
+                if items:
+                    group = worker.run(items, replies)
+                    if group is not None:
+                        written.append((worker, group))
+            # The last append group of each partition was written, not synced: the fdatasyncs of
+            # the round come after every write, so the writeback of all of them is under way.
+            for worker, group in written:
+                worker.finish(group, replies)
+            post(replies)
+            if stop:
+                return
+
+
 class PartitionWorker:
     """One partition: its state, its queue and its thread. State is touched only on the thread."""
 
@@ -192,7 +261,9 @@ class PartitionWorker:
         self.node = node
         self.partition_id = partition_id
         self.queue = _Inbox(node.queue_size, asyncio.get_running_loop())
-        self._thread: threading.Thread | None = None
+        self.io = node.io_thread_for(partition_id)
+        self.rung = False  #: on the doorbell of its I/O thread (see IoThread)
+        self._deferred_sync = False  #: the store writes a batch now and syncs it with finish()
         self.info: PartitionInfo | None = None
         self.error: StorageError | None = None  #: why the partition cannot be served (corrupt control data)
         self.store: PartitionStore | None = None
@@ -234,37 +305,21 @@ class PartitionWorker:
         return self.store.repairs() if self.store is not None else []
 
     def load_on_thread(self) -> asyncio.Future[list[Repair]]:
-        """Start the partition thread and run :meth:`load` on it; :meth:`StorageNode.start` gathers these."""
-        self._start_thread()
+        """Run :meth:`load` on the partition's I/O thread; :meth:`StorageNode.start` gathers these."""
         return asyncio.ensure_future(self.call(self.load))
 
     def _open_store(self) -> None:
         try:
             self.store = self.node.layout.open_partition(self.partition_id)
+            self._deferred_sync = isinstance(self.store, DeferredSyncStore)
         except StorageError as exc:
             self.error = exc
             log.error("partition %d cannot be opened: %s", self.partition_id, exc)
 
-    def _start_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._main, name=f"storage-p{self.partition_id}", daemon=True)
-            self._thread.start()
-
-    def start(self) -> None:
-        """Serve requests (the thread runs from :meth:`load_on_thread` on)."""
-        self._start_thread()
-
     async def stop(self) -> None:
-        """Finish what is queued, close the store and end the thread."""
-        thread = self._thread
-        if thread is None:
-            return
-        try:
+        """Finish what is queued and close the store (the node then ends the I/O threads)."""
+        if self.io.running:
             await self.call(self._close_store)
-        finally:
-            self.queue.put_last()
-            await asyncio.get_running_loop().run_in_executor(None, thread.join)
-            self._thread = None
 
     def _close_store(self) -> None:
         if self.store is not None:
@@ -286,29 +341,56 @@ class PartitionWorker:
         item = _Item(fn, reply)
         if not self.queue.put_nowait(item):
             await self.queue.put(item)
+        self.io.ring(self)
         return await fut
 
-    def _main(self) -> None:
-        """The partition thread: take what is queued, process it as one batch, post the replies."""
-        take = self.queue.take
-        post = self.node.post_replies
-        while True:
-            items = take()
-            last = _STOP in items
-            if last:
-                items = [item for item in items if item is not _STOP]
-            try:
-                replies = self._process(items)
-            except Exception as exc:  # a bug: answer every request of the batch, keep the thread
-                log.exception("partition %d: a batch of %d requests failed", self.partition_id, len(items))
-                replies = self._failed(items, StorageError(f"internal error: {exc!r}"))
-            post(replies)
-            if last:
-                return
+    def run(self, items: list[_Item], replies: Replies) -> _AppendGroup | None:
+        """I/O thread: handle the items taken from the queue, in order, as one batch, adding
+        their replies to ``replies``. Returns the batch's last append group when it was written
+        but not made durable yet (a store with deferred syncs): :meth:`finish` syncs and
+        answers it, after the other partitions of the round wrote theirs."""
+        out: Replies = []
+        try:
+            group = self._process(items, out)
+        except Exception as exc:  # a bug: answer every request of the batch, keep the thread
+            log.exception("partition %d: a batch of %d requests failed", self.partition_id, len(items))
+            replies.extend(self._failed(items, StorageError(f"internal error: {exc!r}")))
+            return None
+        replies.extend(out)
+        return group
+
+    def finish(self, group: _AppendGroup, replies: Replies) -> None:
+        """I/O thread: make a written group durable (one fdatasync) and answer its appends."""
+        store = self.store
+        try:
+            if store is None:
+                raise StorageError(f"partition {self.partition_id}: the store was closed before its sync")
+            cast(DeferredSyncStore, store).sync_written()
+        except Exception as exc:  # noqa: BLE001 - an I/O failure: fail the group, reopen to repair the tail
+            self._append_failed(group, exc, replies)
+        else:
+            self._append_succeeded(group, replies)
+
+    def _append_failed(self, group: _AppendGroup, exc: BaseException, out: Replies) -> None:
+        log.error("partition %d: append of %d records failed: %r", self.partition_id, group.count, exc,
+                  exc_info=exc)
+        err = StorageError(f"partition {self.partition_id}: write failed: {exc}")
+        for item in group.items:
+            self._m_failures.inc()
+            out.append((item.reply, failure_for(item.work, err)))
+        self._reopen_after_failure()
+
+    def _append_succeeded(self, group: _AppendGroup, out: Replies) -> None:
+        self._m_latency.observe(time.perf_counter() - group.started)
+        self._m_syncs.inc()
+        self._m_records.inc(group.count)
+        for item in group.items:
+            req = item.work
+            out.append((item.reply, sm.SuccessResponse(req.session_id, req.seq_num, req.partition_id)))
 
     @staticmethod
-    def _failed(items: list[_Item], err: StorageError) -> list[tuple[Callable[[Any], None], Any]]:
-        replies: list[tuple[Callable[[Any], None], Any]] = []
+    def _failed(items: list[_Item], err: StorageError) -> Replies:
+        replies: Replies = []
         for item in items:
             try:
                 replies.append((item.reply, err if callable(item.work) else failure_for(item.work, err)))
@@ -317,33 +399,29 @@ class PartitionWorker:
         return replies
 
     # ------------------------------------------------------------------ worker thread
-    def _process(self, batch: list[_Item]) -> list[tuple[Callable[[Any], None], Any]]:
-        out: list[tuple[Callable[[Any], None], Any]] = []
+    def _process(self, batch: list[_Item], out: Replies) -> _AppendGroup | None:
         group = _AppendGroup()
         limit = self.node.max_batch_records
 
-        def flush() -> None:
+        def flush(last: bool = False) -> bool:
+            """Write the group; durable and answered at once, unless it is the batch's ``last``
+            and the store defers syncs (True: written, :meth:`finish` syncs it)."""
             if not group.items:
-                return
-            started = time.perf_counter()
+                return False
+            group.started = time.perf_counter()
+            store = self.store
             try:
-                assert self.store is not None
-                self.store.append_validated(group.data(), group.offsets)
-            except Exception as exc:  # an I/O failure: fail the batch, reopen to repair the tail
-                log.exception("partition %d: append of %d records failed", self.partition_id, group.count)
-                err = StorageError(f"partition {self.partition_id}: write failed: {exc}")
-                for item in group.items:
-                    self._m_failures.inc()
-                    out.append((item.reply, failure_for(item.work, err)))
-                self._reopen_after_failure()
+                assert store is not None
+                if last and self._deferred_sync:
+                    cast(DeferredSyncStore, store).write_validated(group.data(), group.offsets)
+                    return True
+                store.append_validated(group.data(), group.offsets)
+            except Exception as exc:  # noqa: BLE001 - an I/O failure: fail the batch, reopen to repair the tail
+                self._append_failed(group, exc, out)
             else:
-                self._m_latency.observe(time.perf_counter() - started)
-                self._m_syncs.inc()
-                self._m_records.inc(group.count)
-                for item in group.items:
-                    req = item.work
-                    out.append((item.reply, sm.SuccessResponse(req.session_id, req.seq_num, req.partition_id)))
+                self._append_succeeded(group, out)
             group.clear()
+            return False
 
         for item in batch:
             work = item.work
@@ -373,8 +451,7 @@ class PartitionWorker:
                 self._m_failures.inc()
                 response = failure_for(work, StorageError(f"internal error: {exc!r}"))
             out.append((item.reply, response))
-        flush()
-        return out
+        return group if flush(last=True) else None
 
     def _reopen_after_failure(self) -> None:
         self._close_store()
@@ -557,8 +634,10 @@ class StorageNode:
     """
 
     def __init__(self, layout: StorageLayout, cluster_key: uuid.UUID, num_partitions: int, *, queue_size: int = 100,
-                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024,
+                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 2,
                  metrics: MetricsRegistry | None = None, name: str = "storage") -> None:
+        if io_threads < 1:
+            raise ValueError(f"io_threads must be at least 1, got {io_threads}")
         self.layout = layout
         self.cluster_key = cluster_key
         self.num_partitions = num_partitions
@@ -568,6 +647,7 @@ class StorageNode:
         self.metrics = metrics or MetricsRegistry()
         self.name = name
         self.workers: list[PartitionWorker] = []
+        self.io_threads = [IoThread(self, i) for i in range(min(io_threads, max(1, num_partitions)))]
         self.repairs: list[Repair] = []
         #: "starting" until :meth:`start` opened every partition, "serving", then "stopping" from :meth:`close`
         self.state = "starting"
@@ -576,11 +656,15 @@ class StorageNode:
         self.metrics.gauge("storage_num_partitions", "Partitions of the cluster.", fn=lambda: self.num_partitions)
         self._loop: asyncio.AbstractEventLoop | None = None
         #: reply lists posted by partition threads, delivered on the loop by _deliver_replies
-        self._replies: deque[list[tuple[Callable[[Any], None], Any]]] = deque()
+        self._replies: deque[Replies] = deque()
         self._delivery_scheduled = False
 
-    def post_replies(self, replies: list[tuple[Callable[[Any], None], Any]]) -> None:
-        """Partition thread: hand a batch's replies to the loop.
+    def io_thread_for(self, partition_id: int) -> IoThread:
+        """The I/O thread that does every file operation of ``partition_id``."""
+        return self.io_threads[partition_id % len(self.io_threads)]
+
+    def post_replies(self, replies: Replies) -> None:
+        """I/O thread: hand a round's replies to the loop.
 
         Threads that finish while a delivery is already scheduled add to it: one loop wake-up
         (one self-pipe write) for all of them. A thread appends before it reads the flag and the
@@ -613,13 +697,13 @@ class StorageNode:
         await loop.run_in_executor(None, self.layout.open, self.cluster_key, self.num_partitions)
         self.repairs.extend(self.layout.repairs())
         self.workers = [PartitionWorker(self, pid) for pid in range(self.num_partitions)]
-        # Open partitions on their own threads: recovery of many partitions runs in parallel.
+        for io in self.io_threads:
+            io.start()
+        # Open partitions on their I/O threads: recovery of many partitions runs on all of them.
         results = await asyncio.gather(*(w.load_on_thread() for w in self.workers))
         for reps in results:
             self.repairs.extend(reps)
         self.repairs.extend(r for r in self.layout.repairs() if r not in self.repairs)
-        for w in self.workers:
-            w.start()
         self.state = "serving"
 
     async def close(self) -> None:
@@ -628,6 +712,7 @@ class StorageNode:
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
         await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+        await asyncio.gather(*(io.stop() for io in self.io_threads), return_exceptions=True)
         self.layout.close()
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
@@ -709,6 +794,7 @@ class StorageNode:
                 item = _Item(msg, send)
                 if not worker.queue.put_nowait(item):
                     await worker.queue.put(item)  # waits while the queue is full: back pressure
+                worker.io.ring(worker)
         finally:
             await _drain_and_close(channel, outbox, writer)
 

@@ -85,7 +85,7 @@ from ...protocol.wire import Record, RecordBatch, RecordHeader, ReqId
 from ...runtime import Runtime
 from ...storage import open_layout
 from ...storage.format import PartitionInfo
-from ...storage.layout import PartitionStore, Repair, StorageLayout
+from ...storage.layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 from . import KitRuntime
 
 LayoutFactory = Callable[[Path], StorageLayout]
@@ -368,13 +368,19 @@ class _Append:
     partition_id: int
     records: tuple[Record, ...]
     validated: bool  #: through append_validated (the node's path) rather than append
+    #: through write_validated then sync_written, when the store defers syncs (DeferredSyncStore)
+    deferred: bool = False
     opens_layout: ClassVar[bool] = False
 
     def run(self, layout: StorageLayout, stores: Sequence[PartitionStore]) -> None:
         store = stores[self.partition_id]
         if self.validated:
             batch = RecordBatch.from_records(self.records)
-            store.append_validated(batch.data, batch.offsets)
+            if self.deferred and isinstance(store, DeferredSyncStore):
+                store.write_validated(batch.data, batch.offsets)
+                store.sync_written()
+            else:
+                store.append_validated(batch.data, batch.offsets)
         else:
             store.append(self.records)
 
@@ -384,7 +390,8 @@ class _Append:
 
     def __str__(self) -> str:
         first = self.records[0].transaction_id
-        how = "append_validated" if self.validated else "append"
+        how = ("write_validated + sync_written" if self.deferred else "append_validated") if self.validated \
+            else "append"
         return f"{how} of transactions {first}..{first + len(self.records) - 1} to partition {self.partition_id}"
 
 
@@ -429,7 +436,7 @@ def crash_scenario() -> list[CrashOp]:
     sizes = [[30], [0, 15, 60], [90, 10], [120, 0, 60], [33], [100, 100], [7, 70, 77], [110]]
     start = 0
     for i, batch in enumerate(sizes):
-        ops.append(_Append(0, tuple(make_records(start, batch)), validated=i % 2 == 1))
+        ops.append(_Append(0, tuple(make_records(start, batch)), validated=i % 2 == 1, deferred=i % 4 == 3))
         start += len(batch)
         if i == 2:
             ops.append(_WriteInfo(0, (3, start - 1, start - 1, 5)))
@@ -826,14 +833,23 @@ class StorageLayoutConformance(KitRuntime):
                 self.layout = opened(layout_factory, self.directory)
                 self.store = self.layout.open_partition(0)
 
-            @rule(sizes=st.lists(st.integers(0, 150), min_size=1, max_size=8), validated=st.booleans())
-            def append(self, sizes: list[int], validated: bool) -> None:
+            @rule(sizes=st.lists(st.integers(0, 150), min_size=1, max_size=8),
+                  how=st.sampled_from(["append", "validated", "deferred", "written"]))
+            def append(self, sizes: list[int], how: str) -> None:
+                """``deferred``: write_validated then sync_written; ``written``: write_validated
+                alone, the sync left to whatever comes next (a store must be right either way)."""
                 batch = make_records(len(self.model), sizes, salt=self.salt)
-                if validated:
-                    encoded = RecordBatch.from_records(batch)
-                    self.store.append_validated(encoded.data, encoded.offsets)
+                store = self.store
+                if how == "append":
+                    store.append(batch)
                 else:
-                    self.store.append(batch)
+                    encoded = RecordBatch.from_records(batch)
+                    if how != "validated" and isinstance(store, DeferredSyncStore):
+                        store.write_validated(encoded.data, encoded.offsets)
+                        if how == "deferred":
+                            store.sync_written()
+                    else:
+                        store.append_validated(encoded.data, encoded.offsets)
                 self.model += batch
 
             @precondition(lambda self: self.model)
