@@ -314,6 +314,7 @@ def test_gc_settings_parse_and_freeze_only_in_a_configured_process(monkeypatch: 
 
     monkeypatch.setattr(process, "_mode", None)
     monkeypatch.setattr(process, "_frozen", False)
+    gc.unfreeze()  # an earlier test of this worker may have run `waltz perf produce` in process, which freezes
     assert process.started() is False and gc.get_freeze_count() == 0  # not started by the CLI: untouched
     threshold = gc.get_threshold()
     try:

@@ -322,3 +322,50 @@ async def test_responses_are_not_protocol_requests(harness: NodeHarness) -> None
     assert isinstance(resp, sm.FailureResponse) and resp.seq_num == 4
     assert resp.error_code == ProtocolError.code
     await ch.close()
+
+
+async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_any(tmp_path, cluster_key) -> None:
+    """Appends of three partitions queued while their I/O thread is busy are one round: each
+    partition's batch is written, then each is synced, and none is answered before its sync."""
+    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": 1})
+    await h.start()
+    try:
+        node = h.node
+        assert node is not None
+        await _ready(h, 0, 1, 2)
+        calls: list[str] = []
+        for worker in node.workers[:3]:
+            store = worker.store
+            assert store is not None
+            write, sync = store.write_validated, store.sync_written  # type: ignore[attr-defined]
+
+            def recording_write(data, offsets, pid=worker.partition_id, write=write):  # type: ignore[no-untyped-def]
+                calls.append(f"write {pid}")
+                write(data, offsets)
+
+            def recording_sync(pid=worker.partition_id, sync=sync):  # type: ignore[no-untyped-def]
+                calls.append(f"sync {pid}")
+                sync()
+
+            store.write_validated = recording_write  # type: ignore[attr-defined]
+            store.sync_written = recording_sync  # type: ignore[attr-defined]
+        c = await h.client()
+        gate = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        worker0 = node.workers[0]
+        blocker = asyncio.ensure_future(worker0.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
+        await asyncio.sleep(0.05)  # the thread is inside the blocker's round
+        appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
+        await asyncio.sleep(0.1)
+        assert not any(a.done() for a in appends)
+        gate.set()
+        await blocker
+        await asyncio.gather(*appends)
+        writes = [i for i, call in enumerate(calls) if call.startswith("write")]
+        syncs = [i for i, call in enumerate(calls) if call.startswith("sync")]
+        assert sorted(calls) == ["sync 0", "sync 1", "sync 2", "write 0", "write 1", "write 2"], calls
+        assert max(writes) < min(syncs), calls
+        for pid in (0, 1, 2):
+            assert await c.record_list(1, pid, 0, 10) == tuple(make_records(0, 2, pid))
+    finally:
+        await h.stop()

@@ -528,7 +528,8 @@ class SegmentedPartition:
             return
         tail = self._tail
         if tail is None or tail.data_end >= self._threshold:
-            self.sync_written()  # the old tail's records are durable before it is sealed
+            if self._unsynced:
+                self.sync_written()  # the old tail's records are durable before it is sealed
             self._roll()
             tail = self._tail
             assert tail is not None
