@@ -200,7 +200,7 @@ class ServerConfig:
         validator=NON_NEGATIVE)
     data_cache_budget: int = key(
         128 * 1024 * 1024, "Bytes of recent transaction data the server keeps for data RPCs, shared by all its "
-                           "partitions (data size plus about 81 bytes per transaction); the oldest go first.",
+                           "partitions (data size plus about 24 bytes per transaction); the oldest go first.",
         validator=NON_NEGATIVE)
     replication_buffer_budget: int = key(
         64 * 1024 * 1024, "Bytes of committed records the server keeps for replicas that are behind, shared by all "

@@ -7,12 +7,15 @@ caches give their bytes back; oversize data is not cached; removed config keys s
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waltz_core.config import ServerProcessConfig, load
 from waltz_core.errors import ConfigError
+from waltz_core.server import caches
 from waltz_core.server.caches import (
     DATA_CHUNK,
     DATA_ENTRY_OVERHEAD,
@@ -119,11 +122,17 @@ def test_the_budget_is_never_exceeded_and_always_adds_up(ops: list[tuple[int, in
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2 * DATA_CHUNK + 3), st.booleans(), st.booleans()), max_size=25),
-       st.integers(0, 3 * DATA_CHUNK))
+       st.integers(0, 3 * DATA_CHUNK), st.sampled_from([caches.DATA_CHUNK_BYTES, 100]))
 def test_data_cache_holds_the_newest_contiguous_entries_across_chunks(
-        batches: list[tuple[int, bool, bool]], room: int) -> None:
+        batches: list[tuple[int, bool, bool]], room: int, chunk_bytes: int) -> None:
     """Against a model: after each settled batch the cache holds the newest entries that fit the
-    budget, contiguous by id, with their data and checksums, over chunk boundaries and restarts."""
+    budget, contiguous by id, with their data and checksums, over chunk boundaries (chunks closed
+    by entry count, or by bytes when ``chunk_bytes`` is small) and restarts."""
+    with mock.patch.object(caches, "DATA_CHUNK_BYTES", chunk_bytes):
+        _data_cache_against_a_model(batches, room)
+
+
+def _data_cache_against_a_model(batches: list[tuple[int, bool, bool]], room: int) -> None:
     size = 8
     budget = CacheBudget(room * (size + DATA_ENTRY_OVERHEAD) + FIFO_ENTRY_COST)
     cache = DataCache(budget)
@@ -146,6 +155,18 @@ def test_data_cache_holds_the_newest_contiguous_entries_across_chunks(
         assert held == [t for t in sorted(model) if t >= (held[0] if held else next_id)]
         for t in held:
             assert cache.get(t) == model[t]
+        assert [t for t in range(next_id - 3 * DATA_CHUNK - 10, next_id + 2) if cache.holds(t)] == held
+        if held:  # a run from the oldest held entry is the held entries in order, bounded by count and bytes
+            data, sums, size = cache.get_run(held[0], len(held) + 5, 1 << 30, 3)
+            run = held[:len(data)]
+            assert run == list(range(held[0], held[0] + len(data)))  # contiguous up to the first gap
+            assert data == [model[t][0] for t in run] and sums == [model[t][1] for t in run]
+            assert size == sum(len(d) + 3 for d in data)
+            assert len(data) == len(held) or held[len(data)] != held[0] + len(data)
+            one, _, _ = cache.get_run(held[0], 99, 1, 0)
+            assert one == [model[held[0]][0]]  # the first always, however big
+            two, _, size2 = cache.get_run(held[0], 99, len(data[0]) + len(data[-1]) + 8, 4)
+            assert (len(two) <= 2 and size2 <= len(data[0]) + len(data[-1]) + 8) or len(two) == 1
         if held:  # nothing newer than the oldest held entry was evicted
             assert all(t in held for t in model if t > held[0])
 

@@ -521,22 +521,10 @@ class Partition:
             return
         end = first + min(msg.max_count, DATA_RANGE_MAX_COUNT, hwm - first + 1)  # exclusive
         budget = min(msg.max_bytes, self._range_max_bytes)
-        data: list[bytes] = []
-        checksums: list[int] = []
-        size = 0
-        cache_get = self._data_cache.get
-        next_id = first
-        while next_id < end:
-            cached = cache_get(next_id)
-            if cached is None:
-                break
-            size += len(cached[0]) + DATA_RANGE_ITEM_OVERHEAD
-            if size > budget and data:  # the first transaction is always sent, however big
-                end = next_id
-                break
-            data.append(cached[0])
-            checksums.append(cached[1])
-            next_id += 1
+        data, checksums, size = self._data_cache.get_run(first, end - first, budget, DATA_RANGE_ITEM_OVERHEAD)
+        next_id = first + len(data)
+        if next_id < end and data and self._data_cache.holds(next_id):
+            end = next_id  # cached, but it would not fit: the response ends here
         if next_id >= end or size >= budget:  # complete, or nothing more would fit
             link.post(m.TransactionDataRangeResponse(q, first, tuple(data), tuple(checksums), None))
             return
