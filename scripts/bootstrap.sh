@@ -34,7 +34,7 @@ if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing waltz-core and the plugins into $VENV"
   # One pip call: the local waltz-core satisfies the plugins' dependency on it, and the local tcp
   # plugin the core's (a cycle that pip resolves).
-  pkgs=(-e ".[testing,lint]" -e plugins/transport_tcp -e plugins/transport_zmq -e plugins/coord_zookeeper -e plugins/coord_etcd)
+  pkgs=(-e ".[testing,lint,speedups]" -e plugins/transport_tcp -e plugins/transport_zmq -e plugins/coord_zookeeper -e plugins/coord_etcd)
   tools=(pytest-xdist py-spy)
   if [ "$MINIMAL" = 0 ]; then pkgs+=(-e plugins/spark_sink); tools+=(tox tox-uv); fi
   "${PIP[@]}" "${pkgs[@]}" "${tools[@]}" 2>&1 | grep -v "is ignored: it is neither" || true

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import struct
 import uuid
-import zlib
 from typing import Final
 
 import attrs
 
+from ..protocol.checksum import crc32 as _crc32
 from ..protocol.wire import STORED_RECORD_HEAD, STORED_RECORD_OVERHEAD
 
 FORMAT_VERSION: Final = 1
@@ -66,8 +66,8 @@ INDEX_ENTRY: Final = struct.Struct(">q")
 _TXN_AND_LENGTH: Final = struct.Struct(">q20xi")  # txn id and data length out of a record head
 
 
-def crc32(data: bytes | bytearray | memoryview, start: int = 0) -> int:
-    return zlib.crc32(data, start)
+#: CRC-32 of ``data`` continuing from ``start`` (the fastest implementation installed, :mod:`..protocol.checksum`)
+crc32: Final = _crc32
 
 
 def segment_name(first_transaction_id: int) -> str:
@@ -216,7 +216,7 @@ def scan_records(buf: bytes | memoryview, pos: int, end: int, first_transaction_
     append = offsets.append
     unpack = _TXN_AND_LENGTH.unpack_from  # only the fields the scan needs: one unpack per record
     unpack_crc = U32.unpack_from
-    crc = zlib.crc32
+    crc = _crc32
     head_size = RECORD_HEAD.size
     overhead = RECORD_OVERHEAD
     expected = first_transaction_id
