@@ -22,7 +22,8 @@ from waltz_core.errors import (
 )
 from waltz_core.protocol import STORAGE
 from waltz_core.protocol import storage as sm
-from waltz_core.protocol.wire import Record, RecordHeader, SessionInfo
+from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
+from waltz_core.storage.node import IoThread, _Item
 from waltz_core.transport.channel import MessageChannel
 
 from .conftest import NodeHarness, make_record, make_records
@@ -367,5 +368,48 @@ async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_a
         assert max(writes) < min(syncs), calls
         for pid in (0, 1, 2):
             assert await c.record_list(1, pid, 0, 10) == tuple(make_records(0, 2, pid))
+    finally:
+        await h.stop()
+
+
+async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_next_items(tmp_path,
+                                                                                          cluster_key) -> None:
+    """A partition on the doorbell twice in one round (it rang again while the thread worked): the
+    append written at its first turn is made durable before its next items run, here a read."""
+    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": 1})
+    await h.start()
+    try:
+        node = h.node
+        assert node is not None
+        await _ready(h, 0)
+        worker = node.workers[0]
+        store = worker.store
+        assert store is not None
+        calls: list[str] = []
+        write, sync, read = store.write_validated, store.sync_written, store.read_batch  # type: ignore[attr-defined]
+        store.write_validated = lambda *a: (calls.append("write"), write(*a))[1]  # type: ignore[attr-defined]
+        store.sync_written = lambda: (calls.append("sync"), sync())[1]  # type: ignore[attr-defined]
+        store.read_batch = lambda *a: (calls.append("read"), read(*a))[1]  # type: ignore[method-assign]
+        answers: list[object] = []
+        batch = RecordBatch.from_records(make_records(0, 3))
+        append = _Item(sm.StorageAppendRequest(1, 1, 0, batch), answers.append)
+        listing = _Item(sm.RecordListRequest(1, 2, 0, 0, 10), answers.append)
+        real_run = worker.run
+
+        def run_then_queue_the_read(items, replies):  # type: ignore[no-untyped-def]
+            group = real_run(items, replies)
+            if listing not in items:
+                worker.queue.put_nowait(listing)  # queued, and rung again, while the thread works
+            return group
+
+        worker.run = run_then_queue_the_read  # type: ignore[method-assign]
+        assert worker.queue.put_nowait(append)
+        replies, stop = await asyncio.get_running_loop().run_in_executor(
+            None, IoThread.run_round, [worker, worker])
+        assert not stop
+        assert calls == ["write", "sync", "read"]
+        responses = [response for _reply, response in replies]
+        assert [type(r).__name__ for r in responses] == ["SuccessResponse", "RecordListResponse"]
+        assert responses[1].records == tuple(make_records(0, 3))
     finally:
         await h.stop()

@@ -232,26 +232,35 @@ class IoThread:
         while True:
             rang = [doorbell.get()]
             rang.extend(doorbell.get_nowait() for _ in range(doorbell.qsize()))
-            replies: Replies = []
-            written: list[tuple[PartitionWorker, _AppendGroup]] = []
-            stop = False
-            for worker in rang:
-                if worker is None:
-                    stop = True
-                    continue
-                worker.rung = False  # before take(): an item queued after it rings again
-                items = worker.queue.take()
-                if items:
-                    group = worker.run(items, replies)
-                    if group is not None:
-                        written.append((worker, group))
-            # The last append group of each partition was written, not synced: the fdatasyncs of
-            # the round come after every write, so the writeback of all of them is under way.
-            for worker, group in written:
-                worker.finish(group, replies)
+            replies, stop = self.run_round(rang)
             post(replies)
             if stop:
                 return
+
+    @staticmethod
+    def run_round(rang: list[PartitionWorker | None]) -> tuple[Replies, bool]:
+        """One round over the partitions that rang (None: stop after it): their replies, and
+        whether the thread stops."""
+        replies: Replies = []
+        written: dict[PartitionWorker, _AppendGroup] = {}
+        stop = False
+        for worker in rang:
+            if worker is None:
+                stop = True
+                continue
+            if worker in written:  # it rang again during the round: its write is made durable first
+                worker.finish(written.pop(worker), replies)
+            worker.rung = False  # before take(): an item queued after it rings again
+            items = worker.queue.take()
+            if items:
+                group = worker.run(items, replies)
+                if group is not None:
+                    written[worker] = group
+        # The last append group of each partition was written, not synced: the fdatasyncs of the
+        # round come after every write, so the writeback of all of them is under way.
+        for worker, group in written.items():
+            worker.finish(group, replies)
+        return replies, stop
 
 
 class PartitionWorker:
