@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from waltz_core.errors import StorageCorruptionError
+from waltz_core.protocol.wire import Record, RecordBatch
 from waltz_core.storage.format import HEADER_SIZE, INFO_SIZE, partition_entry_offset
 from waltz_core.storage.segmented import REPAIR_LOG_NAME, SegmentedLayout
 
-from .conftest import NodeHarness, make_records
+from .conftest import NodeHarness, make_record, make_records
 
 
 def _fresh(tmp: Path, key: uuid.UUID, interval: int = 5) -> SegmentedLayout:
@@ -265,5 +266,45 @@ def test_unsynced_index_tail_is_rebuilt_after_a_kill(tmp_path: Path) -> None:
     assert store2.read_records(0, 100) == recs
     store2.close()
     layout2.close()
+    store.close()
+    layout.close()
+
+
+def test_a_failed_sync_leaves_the_store_where_its_last_sync_did(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_validated then a sync_written whose fdatasync fails: the records were never durable
+    and never acknowledged, so the store ends where it was and the next write takes their ids and
+    their place. A reopen finds what was synced; bytes of the failed write that the next one did
+    not cover may still scan as records after it (never acknowledged: the server's recovery
+    truncates what no quorum holds, as after a crash between a write and its fdatasync)."""
+    def records(start: int, count: int, tag: str) -> list[Record]:
+        return [make_record(t, data=f"{tag} {t}".encode()) for t in range(start, start + count)]
+
+    key = uuid.uuid4()
+    layout = _fresh(tmp_path, key)
+    store = layout.open_partition(0)
+    first = RecordBatch.from_records(make_records(0, 4))
+    store.append_validated(first.data, first.offsets)
+    lost = RecordBatch.from_records(records(4, 3, 'lost'))
+    store.write_validated(lost.data, lost.offsets)  # type: ignore[attr-defined]
+    assert store.max_transaction_id == 6
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store, "_sync_appended", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        store.sync_written()  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    assert store.max_transaction_id == 3
+    kept = RecordBatch.from_records(records(4, 2, 'kept'))
+    store.append_validated(kept.data, kept.offsets)
+    assert store.read_records(0, 10) == make_records(0, 4) + records(4, 2, 'kept')
+    store.close()
+    layout.close()
+    layout = _fresh(tmp_path, key)
+    store = layout.open_partition(0)
+    assert store.read_records(0, 6) == make_records(0, 4) + records(4, 2, 'kept')
+    assert store.read_records(6, 10) in ([], records(6, 1, 'lost'))
     store.close()
     layout.close()

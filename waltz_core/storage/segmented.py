@@ -254,6 +254,7 @@ class SegmentedPartition:
         self._repairs: list[Repair] = []
         self._closed = False
         self._unsynced = False  #: records written by write_validated and not yet fdatasync'ed
+        self._synced_end = (0, 0)  #: (data end, record count) of the tail at its last sync
         directory.mkdir(parents=True, exist_ok=True)
         self._open()
 
@@ -536,7 +537,9 @@ class SegmentedPartition:
         start = tail.data_end
         _pwrite_all(tail.data_fd, records, start)
         start_writeback(tail.data_fd, start, len(records))
-        self._unsynced = True
+        if not self._unsynced:
+            self._unsynced = True
+            self._synced_end = (start, tail.count)  # where the store goes back to if the sync fails
         tail.data_end = start + len(records)
         tail.offsets.extend(array("q", [start + offset for offset in offsets]))
 
@@ -548,7 +551,16 @@ class SegmentedPartition:
             return
         tail = self._tail
         assert tail is not None
-        self._sync_appended(tail.data_fd)
+        try:
+            self._sync_appended(tail.data_fd)
+        except BaseException:
+            # Not durable, never acknowledged: the store ends where the last sync left it (as if
+            # the write had not happened; the next write goes over it, a reopen rescans the file).
+            tail.data_end, count = self._synced_end
+            del tail.offsets[count:]
+            tail.written = min(tail.written, count)
+            self._unsynced = False
+            raise
         self._unsynced = False
         # Index entries stay in memory until the checkpoint writes and syncs them in one go: they
         # are rebuilt from the data file after a crash anyway, so per-batch index writes buy nothing.
