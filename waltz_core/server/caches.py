@@ -296,11 +296,19 @@ class DataCache(_BudgetedCache):
             start = 0
         self._start = start
 
+    def _chunk_index(self, transaction_id: int) -> int:
+        """Index in ``_chunks`` of the chunk holding ``transaction_id``, or -1 when it is not
+        cached (evicted, or not yet put)."""
+        if transaction_id < self._head or transaction_id >= self._next:
+            return -1
+        return bisect_right(self._firsts, transaction_id, self._start) - 1
+
     def get(self, transaction_id: int) -> tuple[bytes, int] | None:
         """(data, checksum) of ``transaction_id`` (a copy of the data), or None when it is not cached."""
-        if transaction_id < self._head or transaction_id >= self._next:
+        index = self._chunk_index(transaction_id)
+        if index < 0:
             return None
-        chunk = self._chunks[bisect_right(self._firsts, transaction_id, self._start) - 1]
+        chunk = self._chunks[index]
         assert chunk is not None
         k = transaction_id - chunk.first
         checksum = chunk.checksums[k]
@@ -311,9 +319,10 @@ class DataCache(_BudgetedCache):
 
     def holds(self, transaction_id: int) -> bool:
         """``transaction_id``'s data is cached (:meth:`get` would return it)."""
-        if transaction_id < self._head or transaction_id >= self._next:
+        index = self._chunk_index(transaction_id)
+        if index < 0:
             return False
-        chunk = self._chunks[bisect_right(self._firsts, transaction_id, self._start) - 1]
+        chunk = self._chunks[index]
         assert chunk is not None
         return chunk.checksums[transaction_id - chunk.first] >= 0
 
@@ -325,10 +334,10 @@ class DataCache(_BudgetedCache):
         data: list[bytes] = []
         checksums: list[int] = []
         size = 0
-        if first < self._head or first >= self._next:
+        index = self._chunk_index(first)
+        if index < 0:
             return data, checksums, size
         end = min(self._next, first + max_count)
-        index = bisect_right(self._firsts, first, self._start) - 1
         chunks = self._chunks
         txn = first
         while txn < end:
