@@ -19,7 +19,7 @@ from typing import Any, Final, overload
 import attrs
 
 from ..errors import ChecksumError, ProtocolError
-from .checksum import crc32 as _crc32
+from .checksum import crc32 as crc32  # the fastest implementation installed (re-exported)
 
 I8: Final = struct.Struct(">b")
 I32: Final = struct.Struct(">i")
@@ -42,10 +42,6 @@ _STORED_TXN_LENGTH_CRC: Final = struct.Struct(">q20xiI")  # transaction id, data
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-
-#: CRC-32 (zlib/IEEE, as java.util.zip.CRC32) as an unsigned 32-bit integer: the fastest
-#: implementation installed (:mod:`.checksum`), called directly (no wrapper on the hot paths)
-crc32: Final = _crc32
 
 
 @attrs.frozen(slots=True)
@@ -92,7 +88,7 @@ def encode_stored_record(transaction_id: int, req_id: ReqId, header: int, data: 
                                        req_id.seq_num, header, len(data), checksum)
     except struct.error as exc:
         raise ProtocolError(f"cannot encode record {transaction_id}: {exc}") from None
-    return b"".join((head, data, U32.pack(_crc32(data, _crc32(head)))))
+    return b"".join((head, data, U32.pack(crc32(data, crc32(head)))))
 
 
 def _walk_batch(buf: bytes | memoryview, count: int, first_transaction_id: int, offsets: array[int], base: int,
@@ -108,7 +104,7 @@ def _walk_batch(buf: bytes | memoryview, count: int, first_transaction_id: int, 
     pos = 0
     unpack = _STORED_TXN_LENGTH_CRC.unpack_from
     unpack_u32 = U32.unpack_from
-    crc = _crc32
+    crc = crc32
     add = offsets.append
     head = STORED_RECORD_HEAD.size
     overhead = STORED_RECORD_OVERHEAD

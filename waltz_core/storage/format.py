@@ -35,7 +35,7 @@ from typing import Final
 
 import attrs
 
-from ..protocol.checksum import crc32 as _crc32
+from ..protocol.checksum import crc32 as crc32  # the fastest implementation installed (re-exported)
 from ..protocol.wire import STORED_RECORD_HEAD, STORED_RECORD_OVERHEAD
 
 FORMAT_VERSION: Final = 1
@@ -65,9 +65,6 @@ RECORD_OVERHEAD: Final = STORED_RECORD_OVERHEAD  # 36-byte head + 4-byte record 
 INDEX_ENTRY: Final = struct.Struct(">q")
 _TXN_AND_LENGTH: Final = struct.Struct(">q20xi")  # txn id and data length out of a record head
 
-
-#: CRC-32 of ``data`` continuing from ``start`` (the fastest implementation installed, :mod:`..protocol.checksum`)
-crc32: Final = _crc32
 
 
 def segment_name(first_transaction_id: int) -> str:
@@ -216,7 +213,7 @@ def scan_records(buf: bytes | memoryview, pos: int, end: int, first_transaction_
     append = offsets.append
     unpack = _TXN_AND_LENGTH.unpack_from  # only the fields the scan needs: one unpack per record
     unpack_crc = U32.unpack_from
-    crc = _crc32
+    crc = crc32
     head_size = RECORD_HEAD.size
     overhead = RECORD_OVERHEAD
     expected = first_transaction_id
