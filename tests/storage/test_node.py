@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -23,7 +25,7 @@ from waltz_core.errors import (
 from waltz_core.protocol import STORAGE
 from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
-from waltz_core.storage.node import IoThread, _Item
+from waltz_core.storage.node import IoThread, PartitionWorker, _Item
 from waltz_core.transport.channel import MessageChannel
 
 from .conftest import NodeHarness, make_record, make_records
@@ -32,6 +34,21 @@ from .conftest import NodeHarness, make_record, make_records
 async def _ready(h: NodeHarness, *partitions: int) -> None:
     admin = await h.admin()
     await admin.set_assignment(list(partitions or (0,)), True)
+
+
+@contextlib.asynccontextmanager
+async def _io_thread_blocked(worker: PartitionWorker) -> AsyncIterator[None]:
+    """The I/O thread of ``worker`` stays inside one round (a call waiting on the loop) until the
+    block ends; what is queued meanwhile waits for the next round."""
+    gate = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
+    await asyncio.sleep(0.05)  # the thread is inside the blocker's round
+    try:
+        yield
+    finally:
+        gate.set()
+        await blocker
 
 
 async def test_the_ten_requests(harness: NodeHarness) -> None:
@@ -215,19 +232,13 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
         await _ready(h, 0)
         worker = node.workers[0]
         c = await h.client()
-        gate = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        # Block the partition's thread; requests pile up in its bounded queue.
-        blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
-        await asyncio.sleep(0.05)
-        tasks = [asyncio.ensure_future(c.append(1, 0, [make_record(t)])) for t in range(node.queue_size + 20)]
-        await asyncio.sleep(0.2)
-        assert worker.queue.qsize() == node.queue_size  # full: the connection is no longer read
-        other = await h.client()
-        await _ready(h, 1)  # partition 1 (on the other I/O thread) progresses while partition 0 is stuck
-        await other.append(1, 1, make_records(0, 1, 1))
-        gate.set()
-        await blocker
+        async with _io_thread_blocked(worker):  # requests pile up in the partition's bounded queue
+            tasks = [asyncio.ensure_future(c.append(1, 0, [make_record(t)])) for t in range(node.queue_size + 20)]
+            await asyncio.sleep(0.2)
+            assert worker.queue.qsize() == node.queue_size  # full: the connection is no longer read
+            other = await h.client()
+            await _ready(h, 1)  # partition 1 (on the other I/O thread) progresses while partition 0 is stuck
+            await other.append(1, 1, make_records(0, 1, 1))
         await asyncio.gather(*tasks)
         assert await c.max_transaction_id(1, 0) == node.queue_size + 19
     finally:
@@ -351,16 +362,10 @@ async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_a
             store.write_validated = recording_write  # type: ignore[attr-defined]
             store.sync_written = recording_sync  # type: ignore[attr-defined]
         c = await h.client()
-        gate = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        worker0 = node.workers[0]
-        blocker = asyncio.ensure_future(worker0.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
-        await asyncio.sleep(0.05)  # the thread is inside the blocker's round
-        appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
-        await asyncio.sleep(0.1)
-        assert not any(a.done() for a in appends)
-        gate.set()
-        await blocker
+        async with _io_thread_blocked(node.workers[0]):
+            appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
+            await asyncio.sleep(0.1)
+            assert not any(a.done() for a in appends)
         await asyncio.gather(*appends)
         writes = [i for i, call in enumerate(calls) if call.startswith("write")]
         syncs = [i for i, call in enumerate(calls) if call.startswith("sync")]
