@@ -157,8 +157,12 @@ async def wait_replica_holds(spec: ClusterSpec, i: int, high_water_marks: dict[i
 
 
 async def assert_refused(transport_name: str, options: dict[str, Any], address: str, registries: Registries) -> None:
-    """A transport with ``options`` (missing or wrong credentials) cannot exchange a frame with ``address``."""
-    transport = open_transport(TransportConfig(name=transport_name, connect_timeout=3.0,
+    """A transport with ``options`` (missing or wrong credentials) cannot exchange a frame with ``address``.
+
+    The refusal comes from the handshake within milliseconds; the long connect timeout only keeps a
+    loaded CI machine (the multi-host tests beside this one) from turning it into "no answer".
+    """
+    transport = open_transport(TransportConfig(name=transport_name, connect_timeout=20.0,
                                                options={transport_name: options}), registries)
     try:
         with pytest.raises((ConnectError, ConnectionClosedError)) as info:
