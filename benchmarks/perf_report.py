@@ -8,11 +8,12 @@ Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
 
 * comparison with etcd and ZooKeeper: ``compare_etcd.main`` (interleaved rounds Waltz, etcd, ZooKeeper,
   medians, ratios; the ``comparison`` key of the JSON);
-* 1 partition, closed loop, 64 in flight: the maximum throughput (median of ``--repeat`` runs);
+* the shapes the targets compare, interleaved ``--repeat`` times, each reported as its median run:
+  1 partition with 64 in flight (the maximum throughput), the same with a lock pool of 128
+  (optimistic-lock retries), 4 partitions with 16 in flight each (64 outstanding as above);
 * 1 partition, 1 in flight: unloaded latency;
 * 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
-* 1 partition, 64 in flight, lock pool 128: optimistic-lock retries;
-* 4 partitions with 16 in flight each, 64 with 1 each (64 outstanding as above), 256 with 1 each;
+* 64 partitions with 1 in flight each, 256 with 1 each;
 * consumer: feed only and feed + data over ``--populate`` transactions.
 """
 
@@ -42,47 +43,68 @@ def _produce_row(name: str, r: ProduceResult) -> dict[str, Any]:
             if r.storage and r.storage.records_per_sync else None, "cpu_us_per_txn": r.cpu_us_per_txn}
 
 
+#: The shapes the targets compare with each other: (name, partitions, options). They run
+#: interleaved, --repeat times each, on clusters kept up side by side, and each is reported as its
+#: median run: this shared machine drifts by tens of percent between runs, more than one run apart
+#: can tell from a change.
+COMPARED: tuple[tuple[str, int, dict[str, int]], ...] = (
+    ("1 partition, 64 in flight (closed loop)", 1, {"in_flight": 64}),
+    ("1 partition, 64 in flight, lock pool 128", 1, {"in_flight": 64, "lock_pool": 128}),
+    ("4 partitions, 16 in flight each", 4, {"partitions": 4, "in_flight": 16}),
+)
+
+
+def _median_row(name: str, results: list[ProduceResult]) -> tuple[ProduceResult, dict[str, Any]]:
+    """The run of median rate, with every run's rate and total CPU per transaction in its row."""
+    order = sorted(range(len(results)), key=lambda i: results[i].txn_per_s)
+    median = results[order[len(order) // 2]]
+    row = _produce_row(name, median)
+    if len(results) > 1:
+        row["shape"] += f", median of {len(results)}"
+        row["runs_txn_per_s"] = [round(r.txn_per_s, 1) for r in results]
+        row["runs_cpu_us_per_txn"] = [round(sum(r.cpu_us_per_txn.values()), 1) if r.cpu_us_per_txn else None
+                                      for r in results]
+    return median, row
+
+
 async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    async with local_cluster(1) as cluster:
+
+    async def measure(cluster: Any, **kw: Any) -> ProduceResult:
+        options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, **kw)
         pids = {"server": cluster.server_pids, "storages": cluster.storage_pids}
+        return await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
 
-        async def run(name: str, **kw: Any) -> ProduceResult:
-            options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, **kw)
-            result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
-            rows.append(_produce_row(name, result))
-            print(f"  {name}: {result.txn_per_s:,.0f} txn/s, p50 {rows[-1]['latency_ms']['p50']} ms, "
-                  f"p99 {rows[-1]['latency_ms']['p99']} ms", file=sys.stderr)
-            return result
+    def report(name: str, result: ProduceResult) -> None:
+        print(f"  {name}: {result.txn_per_s:,.0f} txn/s, p50 {result.latency.summary_ms()['p50']} ms, "
+              f"p99 {result.latency.summary_ms()['p99']} ms", file=sys.stderr)
 
-        # The maximum is the median of --repeat runs (this shared machine drifts by tens of percent
-        # between runs); every run's rate is kept in the row.
-        peaks = []
-        for _ in range(args.repeat):
-            peaks.append(await run("1 partition, 64 in flight (closed loop)", in_flight=64))
-        by_rate = sorted(range(len(peaks)), key=lambda i: peaks[i].txn_per_s)
-        median = by_rate[len(by_rate) // 2]
-        runs = rows[-len(peaks):]
-        del rows[-len(peaks):]
-        rows.append(runs[median] | {"runs_txn_per_s": [r["txn_per_s"] for r in runs]})
-        if len(runs) > 1:
-            rows[-1]["shape"] += f", median of {len(runs)}"
-        peak = peaks[median]
-        await run("1 partition, 1 in flight (unloaded)", in_flight=1)
-        rate = round(peak.txn_per_s * args.load, -1)
-        # open loop: submit() waits for a slot above max_concurrent_transactions, so give it room
-        await run(f"1 partition, open loop {rate:,.0f}/s ({args.load:.0%} of the maximum)", rate=rate, in_flight=1024)
-        await run("1 partition, 64 in flight, lock pool 128", in_flight=64, lock_pool=128)
-    # Many partitions: the same 64 transactions outstanding spread over 4 and 64 partitions, then
-    # 256 partitions with one each (256 outstanding).
-    for partitions, in_flight in ((4, 16), (64, 1), (256, 1)):
+    async with local_cluster(1) as one, local_cluster(4) as four:
+        clusters = {1: one, 4: four}
+        runs: dict[str, list[ProduceResult]] = {name: [] for name, _, _ in COMPARED}
+        for i in range(args.repeat):
+            for name, partitions, kw in (COMPARED if i % 2 == 0 else COMPARED[::-1]):
+                runs[name].append(result := await measure(clusters[partitions], **kw))
+                report(name, result)
+        medians = {}
+        for name, _, _ in COMPARED:
+            medians[name], row = _median_row(name, runs[name])
+            rows.append(row)
+        peak = medians[COMPARED[0][0]]
+        for name, kw in (("1 partition, 1 in flight (unloaded)", {"in_flight": 1}),
+                         # open loop: submit() waits for a slot above max_concurrent_transactions, so give it room
+                         (f"1 partition, open loop {round(peak.txn_per_s * args.load, -1):,.0f}/s "
+                          f"({args.load:.0%} of the maximum)",
+                          {"rate": round(peak.txn_per_s * args.load, -1), "in_flight": 1024})):
+            rows.append(_produce_row(name, result := await measure(one, **kw)))
+            report(name, result)
+    # Many partitions: the same 64 transactions outstanding over 64 partitions, then 256 partitions
+    # with one each (256 outstanding).
+    for partitions in (64, 256):
         async with local_cluster(partitions) as cluster:
-            pids = {"server": cluster.server_pids, "storages": cluster.storage_pids}
-            options = ProduceOptions(duration=args.duration, warmup=args.warmup, seed=1, partitions=partitions,
-                                     in_flight=in_flight)
-            result = await produce(cluster.client_config, options, metrics_urls=cluster.metrics_urls, processes=pids)
-            rows.append(_produce_row(f"{partitions} partitions, {in_flight} in flight each", result))
-            print(f"  {rows[-1]['shape']}: {result.txn_per_s:,.0f} txn/s", file=sys.stderr)
+            name = f"{partitions} partitions, 1 in flight each"
+            rows.append(_produce_row(name, result := await measure(cluster, partitions=partitions, in_flight=1)))
+            report(name, result)
     return rows
 
 
@@ -95,12 +117,25 @@ def _targets(report: dict[str, Any]) -> list[str]:
 
     peak, locked = row("1 partition, 64 in flight (closed"), row("1 partition, 64 in flight, lock pool")
     spread, open_loop = row("4 partitions, 16"), row("1 partition, open loop")
-    cpu = peak["cpu_us_per_txn"]
-    total = f"{sum(cpu.values()):.1f} µs" if cpu else "unknown"
+
+    def ratio(of: dict[str, Any]) -> str:
+        """Of the medians, then of each interleaved round's pair."""
+        text = f"{of['txn_per_s'] / peak['txn_per_s']:.0%}"
+        pairs = list(zip(of.get("runs_txn_per_s", []), peak.get("runs_txn_per_s", []), strict=False))
+        if len(pairs) > 1:
+            text += " (rounds: " + ", ".join(f"{a / b:.0%}" for a, b in pairs) + ")"
+        return text
+
+    runs_cpu = sorted(c for c in peak.get("runs_cpu_us_per_txn", []) if c is not None)
+    if len(runs_cpu) > 1:
+        total = f"{runs_cpu[len(runs_cpu) // 2]:.1f} µs (median; runs {', '.join(f'{c:.1f}' for c in runs_cpu)})"
+    else:
+        cpu = peak["cpu_us_per_txn"]
+        total = f"{sum(cpu.values()):.1f} µs" if cpu else "unknown"
     comp = report["comparison"]
     out = ["| target | this run |", "|---|---|",
-           f"| lock pool 128 / no locks, 64 in flight (≥ 60 %) | {locked['txn_per_s'] / peak['txn_per_s']:.0%} |",
-           f"| 4 partitions x 16 / 1 partition x 64 (≥ 100 %) | {spread['txn_per_s'] / peak['txn_per_s']:.0%} |",
+           f"| lock pool 128 / no locks, 64 in flight (≥ 60 %) | {ratio(locked)} |",
+           f"| 4 partitions x 16 / 1 partition x 64 (≥ 100 %) | {ratio(spread)} |",
            f"| open loop at {_load_of(open_loop)}: p99.9 (≤ 10 ms) | {open_loop['latency_ms']['p99.9']} ms |",
            f"| CPU per transaction, all processes, 64 in flight (≤ 25 µs) | {total} |"]
     for peer in comp["peers"]:
@@ -201,7 +236,7 @@ def cli() -> None:
     parser.add_argument("--load", type=compare_etcd.positive_float, default=0.7,
                         help="open-loop rate as a fraction of the maximum")
     parser.add_argument("--repeat", type=compare_etcd.positive_int, default=3,
-                        help="runs of the 64-in-flight shape (median reported)")
+                        help="interleaved runs of each shape the targets compare (median reported)")
     parser.add_argument("--populate", type=compare_etcd.positive_int, default=100_000,
                         help="transactions written before consuming")
     parser.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
