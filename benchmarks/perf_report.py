@@ -87,18 +87,17 @@ async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for name, partitions, kw in (COMPARED if i % 2 == 0 else COMPARED[::-1]):
                     runs[name].append(result := await measure(clusters[partitions], **kw))
                     report(name, result)
-        # The latency shapes run with no other cluster up: an idle cluster's processes would still
-        # take the cores now and then, and the open loop's tail is what they would show.
         medians = {}
         for name, _, _ in COMPARED:
             medians[name], row = _median_row(name, runs[name])
             rows.append(row)
-        peak = medians[COMPARED[0][0]]
+        rate = round(medians[COMPARED[0][0]].txn_per_s * args.load, -1)
+        # The latency shapes run with no other cluster up: an idle cluster's processes would still
+        # take the cores now and then, and the open loop's tail is what they would show.
         for name, kw in (("1 partition, 1 in flight (unloaded)", {"in_flight": 1}),
                          # open loop: submit() waits for a slot above max_concurrent_transactions, so give it room
-                         (f"1 partition, open loop {round(peak.txn_per_s * args.load, -1):,.0f}/s "
-                          f"({args.load:.0%} of the maximum)",
-                          {"rate": round(peak.txn_per_s * args.load, -1), "in_flight": 1024})):
+                         (f"1 partition, open loop {rate:,.0f}/s ({args.load:.0%} of the maximum)",
+                          {"rate": rate, "in_flight": 1024})):
             rows.append(_produce_row(name, result := await measure(one, **kw)))
             report(name, result)
     # Many partitions: the same 64 transactions outstanding over 64 partitions, then 256 partitions
