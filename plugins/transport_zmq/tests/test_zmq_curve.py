@@ -37,7 +37,9 @@ def certs(tmp_path: Path) -> dict[str, Path]:
 async def make() -> AsyncIterator[Callable[..., ZmqTransport]]:
     made: list[ZmqTransport] = []
 
-    def build(connect_timeout: float = 3.0, **options: object) -> ZmqTransport:
+    # Refusals come from the handshake within milliseconds; a long connect timeout keeps a loaded
+    # CI machine from turning one into "no answer" (it did once, in the e2e matrix's CURVE cell).
+    def build(connect_timeout: float = 20.0, **options: object) -> ZmqTransport:
         t = ZmqTransport(1024 * 1024, ZmqOptions(**options), connect_timeout=connect_timeout)  # type: ignore[arg-type]
         made.append(t)
         return t
