@@ -7,6 +7,8 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +27,7 @@ from waltz_core.errors import (
 from waltz_core.protocol import STORAGE
 from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
-from waltz_core.storage.node import IoThread, PartitionWorker, _Item
+from waltz_core.storage.node import IoThread, PartitionWorker, StorageNode, _Item
 from waltz_core.transport.channel import MessageChannel
 
 from .conftest import NodeHarness, make_record, make_records
@@ -34,6 +36,19 @@ from .conftest import NodeHarness, make_record, make_records
 async def _ready(h: NodeHarness, *partitions: int) -> None:
     admin = await h.admin()
     await admin.set_assignment(list(partitions or (0,)), True)
+
+
+@contextlib.asynccontextmanager
+async def _started_node(tmp_path: Path, cluster_key: uuid.UUID, *ready: int,
+                        **node_options: Any) -> AsyncIterator[tuple[NodeHarness, StorageNode]]:
+    """A node started with ``node_options`` and the ``ready`` partitions assigned; stopped at the end."""
+    h = NodeHarness(tmp_path, cluster_key, node_options=node_options)
+    node = await h.start()
+    try:
+        await _ready(h, *ready)
+        yield h, node
+    finally:
+        await h.stop()
 
 
 @contextlib.asynccontextmanager
@@ -224,12 +239,8 @@ async def test_group_commit_batches_concurrent_appends(harness: NodeHarness) -> 
 
 
 async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": 2})  # partitions 0 and 1 on their own threads
-    await h.start()
-    try:
-        node = h.node
-        assert node is not None
-        await _ready(h, 0)
+    # io_threads=2: partitions 0 and 1 on their own threads
+    async with _started_node(tmp_path, cluster_key, 0, io_threads=2) as (h, node):
         worker = node.workers[0]
         c = await h.client()
         async with _io_thread_blocked(worker):  # requests pile up in the partition's bounded queue
@@ -241,8 +252,6 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
             await other.append(1, 1, make_records(0, 1, 1))
         await asyncio.gather(*tasks)
         assert await c.max_transaction_id(1, 0) == node.queue_size + 19
-    finally:
-        await h.stop()
 
 
 @pytest.mark.parametrize("io_threads", [1, 3, 4])
@@ -251,10 +260,7 @@ async def test_a_queue_of_one_under_many_connections_loses_no_wake_up(tmp_path, 
     # most puts wait for their I/O thread to take the queue, and the threads serve 4, 2 or 1
     # partitions each. A wake-up missed between the loop and a thread (a queue or a doorbell)
     # would hang an append (and time the test out).
-    h = NodeHarness(tmp_path, cluster_key, node_options={"queue_size": 1, "io_threads": io_threads})
-    await h.start()
-    try:
-        await _ready(h, 0, 1, 2, 3)
+    async with _started_node(tmp_path, cluster_key, 0, 1, 2, 3, queue_size=1, io_threads=io_threads) as (h, _):
         clients = [await h.client() for _ in range(4)]
         per_partition, depth = 60, 5
 
@@ -266,8 +272,6 @@ async def test_a_queue_of_one_under_many_connections_loses_no_wake_up(tmp_path, 
         await asyncio.wait_for(asyncio.gather(*(writer(pid) for pid in range(4))), 60)
         for pid in range(4):
             assert await clients[0].record_list(1, pid, 0, 100) == tuple(make_records(0, per_partition, pid))
-    finally:
-        await h.stop()
 
 
 async def test_a_bug_in_a_batch_fails_its_requests_and_the_partition_goes_on(harness: NodeHarness,
@@ -339,12 +343,7 @@ async def test_responses_are_not_protocol_requests(harness: NodeHarness) -> None
 async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_any(tmp_path, cluster_key) -> None:
     """Appends of three partitions queued while their I/O thread is busy are one round: each
     partition's batch is written, then each is synced, and none is answered before its sync."""
-    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": 1})
-    await h.start()
-    try:
-        node = h.node
-        assert node is not None
-        await _ready(h, 0, 1, 2)
+    async with _started_node(tmp_path, cluster_key, 0, 1, 2, io_threads=1) as (h, node):
         calls: list[str] = []
         for worker in node.workers[:3]:
             store = worker.store
@@ -373,20 +372,13 @@ async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_a
         assert max(writes) < min(syncs), calls
         for pid in (0, 1, 2):
             assert await c.record_list(1, pid, 0, 10) == tuple(make_records(0, 2, pid))
-    finally:
-        await h.stop()
 
 
 async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_next_items(tmp_path,
                                                                                           cluster_key) -> None:
     """A partition on the doorbell twice in one round (it rang again while the thread worked): the
     append written at its first turn is made durable before its next items run, here a read."""
-    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": 1})
-    await h.start()
-    try:
-        node = h.node
-        assert node is not None
-        await _ready(h, 0)
+    async with _started_node(tmp_path, cluster_key, 0, io_threads=1) as (_, node):
         worker = node.workers[0]
         store = worker.store
         assert store is not None
@@ -416,5 +408,3 @@ async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_
         responses = [response for _reply, response in replies]
         assert [type(r).__name__ for r in responses] == ["SuccessResponse", "RecordListResponse"]
         assert responses[1].records == tuple(make_records(0, 3))
-    finally:
-        await h.stop()
