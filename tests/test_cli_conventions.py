@@ -80,6 +80,22 @@ def test_a_port_out_of_range_is_one_line_from_file_flag_and_environment(tmp_path
     assert not (tmp_path / "data").exists()  # nothing created on disk
 
 
+@pytest.mark.parametrize(("value", "message"), [("0", "must be 1 or more, got 0"),
+                                                ("two", "expected an integer, got 'two'")])
+def test_storage_io_threads_out_of_range_is_one_line_from_file_and_environment(tmp_path: Path, value: str,
+                                                                              message: str) -> None:
+    storage = tmp_path / "storage.toml"
+    literal = value if value.isdigit() else f'"{value}"'
+    storage.write_text(f"[storage]\nio_threads = {literal}\ndirectory = '{tmp_path / 'data'}'\n")
+    one_line_error(waltz("storage", "start", "--config", str(storage)), f"{storage}: storage.io_threads: {message}")
+    one_line_error(waltz("config", "check", str(storage)), f"storage.io_threads: {message}")
+    plain = tmp_path / "plain.toml"
+    plain.write_text(f"[storage]\ndirectory = '{tmp_path / 'data'}'\n")
+    one_line_error(waltz("storage", "start", "--config", str(plain), env={"WALTZ_STORAGE_IO_THREADS": value}),
+                   f"environment variable WALTZ_STORAGE_IO_THREADS: storage.io_threads: {message}")
+    assert not (tmp_path / "data").exists()  # nothing created on disk
+
+
 def test_a_misspelt_backend_table_is_refused_with_a_suggestion(tmp_path: Path) -> None:
     config = tmp_path / "server.toml"
     config.write_text('[coordination]\nname = "zookeeper"\nconnect = "zk:2181"\n\n'
