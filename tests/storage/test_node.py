@@ -27,7 +27,7 @@ from waltz_core.errors import (
 from waltz_core.protocol import STORAGE
 from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
-from waltz_core.storage.node import IoThread, PartitionWorker, StorageNode, _Item
+from waltz_core.storage.node import PartitionWorker, StorageNode, _Item
 from waltz_core.transport.channel import MessageChannel
 
 from .conftest import NodeHarness, make_record, make_records
@@ -342,8 +342,9 @@ async def test_responses_are_not_protocol_requests(harness: NodeHarness) -> None
 
 async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_any(tmp_path, cluster_key) -> None:
     """Appends of three partitions queued while their I/O thread is busy are one round: each
-    partition's batch is written, then each is synced, and none is answered before its sync."""
-    async with _started_node(tmp_path, cluster_key, 0, 1, 2, io_threads=1) as (h, node):
+    partition's batch is written, then each is synced, and none is answered before its sync
+    (without the node journal: with it, tests/storage/test_journal.py)."""
+    async with _started_node(tmp_path, cluster_key, 0, 1, 2, io_threads=1, journal=False) as (h, node):
         calls: list[str] = []
         for worker in node.workers[:3]:
             store = worker.store
@@ -374,18 +375,24 @@ async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_a
             assert await c.record_list(1, pid, 0, 10) == tuple(make_records(0, 2, pid))
 
 
-async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_next_items(tmp_path,
-                                                                                          cluster_key) -> None:
+@pytest.mark.parametrize("journal", [False, True], ids=["own-fdatasync", "node-journal"])
+async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_next_items(tmp_path, cluster_key,
+                                                                                          journal: bool) -> None:
     """A partition on the doorbell twice in one round (it rang again while the thread worked): the
     append written at its first turn is made durable before its next items run, here a read."""
-    async with _started_node(tmp_path, cluster_key, 0, io_threads=1) as (_, node):
+    async with _started_node(tmp_path, cluster_key, 0, io_threads=1, journal=journal) as (_, node):
         worker = node.workers[0]
         store = worker.store
         assert store is not None
         calls: list[str] = []
         write, sync, read = store.write_validated, store.sync_written, store.read_batch  # type: ignore[attr-defined]
-        store.write_validated = lambda *a: (calls.append("write"), write(*a))[1]  # type: ignore[attr-defined]
+        store.write_validated = lambda *a, **k: (calls.append("write"), write(*a, **k))[1]  # type: ignore[attr-defined]
         store.sync_written = lambda: (calls.append("sync"), sync())[1]  # type: ignore[attr-defined]
+        node_journal = node.io_threads[0].journal
+        assert (node_journal is not None) == journal
+        if node_journal is not None:
+            append_to_journal = node_journal.append
+            node_journal.append = lambda entries: (calls.append("sync"), append_to_journal(entries))[1]  # type: ignore[method-assign]
         store.read_batch = lambda *a: (calls.append("read"), read(*a))[1]  # type: ignore[method-assign]
         answers: list[object] = []
         batch = RecordBatch.from_records(make_records(0, 3))
@@ -402,7 +409,7 @@ async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_
         worker.run = run_then_queue_the_read  # type: ignore[method-assign]
         assert worker.queue.put_nowait(append)
         replies, stop = await asyncio.get_running_loop().run_in_executor(
-            None, IoThread.run_round, [worker, worker])
+            None, worker.io.run_round, [worker, worker])
         assert not stop
         assert calls == ["write", "sync", "read"]
         responses = [response for _reply, response in replies]

@@ -360,6 +360,7 @@ def validate_command(address: str | None, config_path: str | None, replica: str,
 
     from ..cli.commands import _process_of
     from ..config import CliConfig, StorageProcessConfig, load
+    from .journal import replay_into_layout
     from .recovery import compare_partition
 
     if address is None and (config_path is None or _process_of(config_path, None) != "storage"):
@@ -385,6 +386,7 @@ def validate_command(address: str | None, config_path: str | None, replica: str,
                 layout = open_layout(cfg, registries)
                 try:
                     layout.open(key, n)
+                    replay_into_layout(layout)  # acknowledged records only in the journal count too
                 except StorageError as exc:
                     raise ConfigError(f"{cfg.directory}: {exc}") from None
                 ids = partitions if partitions is not None else [

@@ -92,15 +92,22 @@ class DeferredSyncStore(Protocol):
     about one fdatasync of latency, not one per partition). A store without these methods gets
     :meth:`PartitionStore.append_validated` calls.
 
-    The node calls ``write_validated`` and then, in the same I/O-thread round, ``sync_written``,
-    and nothing else of the store in between; it acknowledges the records only after
-    ``sync_written`` returned. The store must still be correct when anything else follows a
-    write (it syncs first).
+    Without a node journal the node calls ``write_validated`` and then, in the same I/O-thread
+    round, ``sync_written``, and nothing else of the store in between; it acknowledges the
+    records only after ``sync_written`` returned. With the journal (``storage.journal``) it
+    acknowledges them once they are durable in the journal and calls ``sync_written`` at the
+    journal's checkpoints; any other call may come in between. The store must be correct when
+    anything follows a write (it syncs first where it must, e.g. before a truncate or a
+    segment roll).
     """
 
-    def write_validated(self, records: bytes | memoryview, offsets: array[int]) -> None:
+    def write_validated(self, records: bytes | memoryview, offsets: array[int], *,
+                        lazy_writeback: bool = False) -> None:
         """:meth:`PartitionStore.append_validated` without the durability: the records are
-        written (and may be read), durable once :meth:`sync_written` returns."""
+        written (and may be read), durable once :meth:`sync_written` returns.
+
+        ``lazy_writeback``: the node made the records durable elsewhere (its journal) and calls
+        :meth:`sync_written` only at checkpoints, so the store need not hurry their writeback."""
 
     def sync_written(self) -> None:
         """Make everything written durable (one fdatasync), as ``append_validated`` would have."""
@@ -108,7 +115,12 @@ class DeferredSyncStore(Protocol):
 
 @runtime_checkable
 class StorageLayout(Protocol):
-    """A storage directory: the control file plus one store per partition."""
+    """A storage directory: the control file plus one store per partition.
+
+    Optional: a class attribute ``journal_capable = True`` says that the layout's stores are
+    :class:`DeferredSyncStore` s whose files live under :attr:`directory`, so a node with
+    ``storage.journal`` makes their appends durable in its journal (``directory/journal/``);
+    without it every append batch is synced by the store itself."""
 
     directory: str
 

@@ -40,6 +40,7 @@ import uuid
 from array import array
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final, cast
 
 import attrs
@@ -65,6 +66,7 @@ from ..protocol.wire import Record, RecordBatch, SessionInfo
 from ..transport.base import Connection
 from ..transport.channel import MessageChannel
 from .format import FLAG_ASSIGNED, FLAG_AVAILABLE, PartitionInfo
+from .journal import JOURNAL_DIRECTORY, JOURNAL_SUFFIX, NodeJournal, replay_into_layout
 from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
 log = logging.getLogger("waltz.storage.node")
@@ -93,7 +95,7 @@ Replies = list[tuple[Callable[[Any], None], Any]]
 class _AppendGroup:
     """Appends validated for one group commit: their bytes, replies and the records' offsets."""
 
-    __slots__ = ("items", "chunks", "offsets", "count", "nbytes", "started")
+    __slots__ = ("items", "chunks", "offsets", "count", "nbytes", "started", "first", "joined")
 
     def __init__(self) -> None:
         self.items: list[_Item] = []
@@ -102,6 +104,8 @@ class _AppendGroup:
         self.count = 0
         self.nbytes = 0
         self.started = 0.0  #: perf_counter when its write began (a written group waiting for its sync)
+        self.first = -1  #: transaction id of its first record, once written
+        self.joined: bytes | memoryview = b""  #: its bytes as written (what the node journal gets)
 
     def add(self, item: _Item, batch: RecordBatch) -> None:
         self.items.append(item)
@@ -198,9 +202,25 @@ class IoThread:
 
     def __init__(self, node: StorageNode, index: int) -> None:
         self.node = node
+        self.index = index
         self.name = f"storage-io-{index}"
         self._doorbell: queue.SimpleQueue[PartitionWorker | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        #: the thread's node journal (``storage.journal``): opened by StorageNode.start
+        self.journal: NodeJournal | None = None
+        #: why the journal is in doubt (a failed write or checkpoint): appends and truncates are refused
+        self.journal_error: BaseException | None = None
+        #: partitions with journaled records not yet synced in their own files
+        self.dirty: set[PartitionWorker] = set()
+        m, labels = node.metrics, {"thread": str(index)}
+        self.m_syncs = m.counter("storage_append_syncs", "fdatasyncs that made appends durable: one per partition "
+                                                         "batch without the node journal, one per round with it.",
+                                 labels)
+        self._m_checkpoints = m.counter("storage_journal_checkpoints", "Journal checkpoints (partition files "
+                                                                       "synced, journal started over).", labels)
+        m.gauge("storage_journal_bytes", "Bytes in the I/O thread's node journal since its last checkpoint "
+                                         "(0 without a journal).", labels,
+                fn=lambda: self.journal.position if self.journal is not None else 0)
 
     def ring(self, worker: PartitionWorker) -> None:
         """Loop: ``worker`` has queued work (called after queueing it)."""
@@ -235,10 +255,10 @@ class IoThread:
             replies, stop = self.run_round(rang)
             post(replies)
             if stop:
+                self._close_journal()
                 return
 
-    @staticmethod
-    def run_round(rang: list[PartitionWorker | None]) -> tuple[Replies, bool]:
+    def run_round(self, rang: list[PartitionWorker | None]) -> tuple[Replies, bool]:
         """One round over the partitions that rang (None: stop after it): their replies, and
         whether the thread stops."""
         replies: Replies = []
@@ -249,7 +269,7 @@ class IoThread:
                 stop = True
                 continue
             if worker in written:  # it rang again during the round: its write is made durable first
-                worker.finish(written.pop(worker), replies)
+                self.finish([(worker, written.pop(worker))], replies)
             worker.rung = False  # before take(): an item queued after it rings again
             items = worker.queue.take()
             if items:
@@ -258,9 +278,78 @@ class IoThread:
                     written[worker] = group
         # The last append group of each partition was written, not synced: the fdatasyncs of the
         # round come after every write, so the writeback of all of them is under way.
-        for worker, group in written.items():
-            worker.finish(group, replies)
+        if written:
+            self.finish(list(written.items()), replies)
         return replies, stop
+
+    def finish(self, groups: list[tuple[PartitionWorker, _AppendGroup]], replies: Replies) -> None:
+        """Make written groups durable and answer their appends: one journal write and fdatasync
+        for all of them, or without a journal one fdatasync per partition."""
+        journal = self.journal
+        if journal is None:
+            for worker, group in groups:
+                worker.finish(group, replies)
+            return
+        if self.journal_error is not None:
+            err = StorageError(f"the node journal failed ({self.journal_error}); restart the storage node "
+                               f"to replay it")
+            for worker, group in groups:
+                worker.refuse_group(group, err, replies)
+            return
+        try:
+            journal.append([(w.partition_id, g.first, g.count, g.joined) for w, g in groups])
+            self.m_syncs.inc()
+        except Exception as exc:  # noqa: BLE001 - an I/O failure: the journal is in doubt from now on
+            self.fail_journal(exc)
+            for worker, group in groups:
+                worker.refuse_group(group, StorageError(f"partition {worker.partition_id}: journal write failed: "
+                                                        f"{exc}"), replies)
+            return
+        for worker, group in groups:
+            self.dirty.add(worker)
+            worker.journaled(group, replies)
+        if journal.full:
+            try:
+                self.checkpoint()
+            except StorageError:
+                pass  # logged and remembered by fail_journal; the records above are durable in the journal
+
+    def checkpoint(self) -> None:
+        """Sync every partition with journaled records in its own files, then start the
+        journal's next generation (StorageError if the journal is in doubt or this fails)."""
+        journal = self.journal
+        if journal is None:
+            return
+        if self.journal_error is not None:
+            raise StorageError(f"the node journal failed ({self.journal_error}); restart the storage node to "
+                               f"replay it")
+        try:
+            for worker in list(self.dirty):
+                worker.sync_store()
+            journal.reset()
+            self._m_checkpoints.inc()
+        except Exception as exc:
+            self.fail_journal(exc)
+            raise StorageError(f"journal checkpoint failed: {exc}") from exc
+
+    def fail_journal(self, exc: BaseException) -> None:
+        if self.journal_error is None:
+            log.error("%s: the node journal %s failed; appends and truncates are refused until the storage node "
+                      "is restarted (which replays it): %r", self.name, self.journal.path if self.journal else "?",
+                      exc)
+            self.journal_error = exc
+
+    def _close_journal(self) -> None:
+        """At stop, after every store was closed (synced): the journal holds nothing needed."""
+        journal = self.journal
+        if journal is None:
+            return
+        try:
+            if self.journal_error is None and not self.dirty:
+                journal.reset()
+        except OSError as exc:
+            log.warning("%s: could not empty the journal at stop (it is replayed at start): %s", self.name, exc)
+        journal.close()
 
 
 class PartitionWorker:
@@ -273,6 +362,7 @@ class PartitionWorker:
         self.io = node.io_thread_for(partition_id)
         self.rung = False  #: on the doorbell of its I/O thread (see IoThread)
         self._deferred_sync = False  #: the store writes a batch now and syncs it with finish()
+        self._journaled = False  #: its appends are made durable by the I/O thread's journal
         self.info: PartitionInfo | None = None
         self.error: StorageError | None = None  #: why the partition cannot be served (corrupt control data)
         self.store: PartitionStore | None = None
@@ -285,7 +375,8 @@ class PartitionWorker:
                                          "record_list")}
         self._m_failures = m.counter("storage_failures", "Requests answered with a failure.", labels)
         self._m_records = m.counter("storage_appended_records", "Records appended.", labels)
-        self._m_syncs = m.counter("storage_append_batches", "Append batches (one fdatasync each).", labels)
+        self._m_syncs = m.counter("storage_append_batches", "Append batches (a partition's group commits; "
+                                                            "storage_append_syncs counts their fdatasyncs).", labels)
         self._m_latency = m.histogram("storage_append_batch_seconds", "Time to write and fdatasync a batch.", labels)
         m.gauge("storage_queue_size", "Requests waiting in the partition queue.", labels, fn=lambda: self.queue.qsize())
         m.gauge("storage_max_transaction_id", "Highest stored transaction id.", labels,
@@ -321,6 +412,10 @@ class PartitionWorker:
         try:
             self.store = self.node.layout.open_partition(self.partition_id)
             self._deferred_sync = isinstance(self.store, DeferredSyncStore)
+            self._journaled = self._deferred_sync and self.io.journal is not None
+            if self.io.journal is not None and not self._deferred_sync:
+                log.warning("partition %d: the layout's store cannot defer syncs; its appends are synced one by "
+                            "one, without the node journal", self.partition_id)
         except StorageError as exc:
             self.error = exc
             log.error("partition %d cannot be opened: %s", self.partition_id, exc)
@@ -332,8 +427,28 @@ class PartitionWorker:
 
     def _close_store(self) -> None:
         if self.store is not None:
+            if self in self.io.dirty:
+                try:
+                    self.sync_store()
+                except Exception as exc:  # noqa: BLE001 - its records stay in the journal, for a replay
+                    self.io.fail_journal(exc)
             self.store.close()
             self.store = None
+
+    def sync_store(self) -> None:
+        """I/O thread: make the journaled records durable in the partition's own files."""
+        if self.store is not None:
+            cast(DeferredSyncStore, self.store).sync_written()
+        self.io.dirty.discard(self)
+
+    def _checkpoint_first(self, what: str) -> None:
+        """Before a truncate or a file deletion: no journaled append of this partition may be
+        replayed over it, so the thread's journal starts a new generation first."""
+        if self.io.journal is not None:
+            try:
+                self.io.checkpoint()
+            except StorageError as exc:
+                raise StorageError(f"partition {self.partition_id}: cannot {what}: {exc}") from None
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the partition thread, in order with the partition's requests."""
@@ -392,10 +507,26 @@ class PartitionWorker:
     def _append_succeeded(self, group: _AppendGroup, out: Replies) -> None:
         self._m_latency.observe(time.perf_counter() - group.started)
         self._m_syncs.inc()
+        if not self._journaled:
+            self.io.m_syncs.inc()
         self._m_records.inc(group.count)
         for item in group.items:
             req = item.work
             out.append((item.reply, sm.SuccessResponse(req.session_id, req.seq_num, req.partition_id)))
+
+    def journaled(self, group: _AppendGroup, out: Replies) -> None:
+        """I/O thread: the group is durable in the journal; answer its appends."""
+        self._append_succeeded(group, out)
+        group.joined = b""
+
+    def refuse_group(self, group: _AppendGroup, err: StorageError, out: Replies) -> None:
+        """I/O thread: the group was written but not made durable: fail its appends. The store
+        is reopened, so it ends where its files end (the unacknowledged records may stay, as
+        after a crash: a new store session's recovery decides about them)."""
+        for item in group.items:
+            self._m_failures.inc()
+            out.append((item.reply, failure_for(item.work, err)))
+        self._reopen_after_failure()
 
     @staticmethod
     def _failed(items: list[_Item], err: StorageError) -> Replies:
@@ -421,6 +552,18 @@ class PartitionWorker:
             store = self.store
             try:
                 assert store is not None
+                if self._journaled:
+                    if self.io.journal_error is not None:
+                        raise StorageError(f"the node journal failed ({self.io.journal_error}); restart the "
+                                           f"storage node to replay it")
+                    group.first = store.max_transaction_id + 1
+                    group.joined = data = group.data()
+                    cast(DeferredSyncStore, store).write_validated(data, group.offsets, lazy_writeback=True)
+                    if last:
+                        return True
+                    self.io.finish([(self, group)], out)  # answers the group, whatever happens
+                    group.clear()
+                    return False
                 if last and self._deferred_sync:
                     cast(DeferredSyncStore, store).write_validated(group.data(), group.offsets)
                     return True
@@ -470,6 +613,10 @@ class PartitionWorker:
         pid = self.partition_id
         if self.error is not None:
             raise type(self.error)(str(self.error))
+        if self.io.journal_error is not None:
+            # A checkpoint may have failed half-way: what the store holds in memory is in doubt.
+            raise StorageError(f"partition {pid}: the node journal failed ({self.io.journal_error}); restart the "
+                               f"storage node to replay it")
         info = self.info
         if info is None or not info.assigned:
             raise PartitionNotFoundError(f"partition {pid} is not assigned to this storage node")
@@ -550,6 +697,8 @@ class PartitionWorker:
             store = self._check(req, req.offline)
             if req.transaction_id < -1:
                 raise StorageError(f"partition {self.partition_id}: cannot truncate to transaction {req.transaction_id}")
+            if req.transaction_id < store.max_transaction_id:
+                self._checkpoint_first(f"truncate to transaction {req.transaction_id}")
             store.truncate(req.transaction_id)
             return sm.SuccessResponse(*head)
         if t is sm.SetLowWaterMarkRequest:
@@ -599,6 +748,7 @@ class PartitionWorker:
             return
         self._close_store()
         if delete_files:
+            self._checkpoint_first("delete its files")
             layout.delete_partition_files(self.partition_id)
             info = PartitionInfo()
         self.info = layout.write_partition_info(self.partition_id, PartitionInfo(
@@ -643,10 +793,15 @@ class StorageNode:
     """
 
     def __init__(self, layout: StorageLayout, cluster_key: uuid.UUID, num_partitions: int, *, queue_size: int = 100,
-                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 2,
+                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 1,
+                 journal: bool = True, journal_checkpoint_bytes: int = 64 * 1024 * 1024,
                  metrics: MetricsRegistry | None = None, name: str = "storage") -> None:
         if io_threads < 1:
             raise ValueError(f"io_threads must be at least 1, got {io_threads}")
+        if journal_checkpoint_bytes < 1:
+            raise ValueError(f"journal_checkpoint_bytes must be at least 1, got {journal_checkpoint_bytes}")
+        self.journal = journal
+        self.journal_checkpoint_bytes = journal_checkpoint_bytes
         self.layout = layout
         self.cluster_key = cluster_key
         self.num_partitions = num_partitions
@@ -705,6 +860,8 @@ class StorageNode:
         loop = self._loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.layout.open, self.cluster_key, self.num_partitions)
         self.repairs.extend(self.layout.repairs())
+        # Before any partition is opened: records acknowledged from a journal go back into their files.
+        self.repairs.extend(await loop.run_in_executor(None, self._replay_and_open_journals))
         self.workers = [PartitionWorker(self, pid) for pid in range(self.num_partitions)]
         for io in self.io_threads:
             io.start()
@@ -714,6 +871,15 @@ class StorageNode:
             self.repairs.extend(reps)
         self.repairs.extend(r for r in self.layout.repairs() if r not in self.repairs)
         self.state = "serving"
+
+    def _replay_and_open_journals(self) -> list[Repair]:
+        layout = self.layout
+        repairs = replay_into_layout(layout)
+        if self.journal and getattr(layout, "journal_capable", False):
+            root = Path(layout.directory) / JOURNAL_DIRECTORY
+            for io in self.io_threads:
+                io.journal = NodeJournal(root / f"io-{io.index}{JOURNAL_SUFFIX}", self.journal_checkpoint_bytes)
+        return repairs
 
     async def close(self) -> None:
         self.state = "stopping"

@@ -43,7 +43,8 @@ import attrs
 from ..errors import ChecksumError, StorageCorruptionError, StorageError, WaltzError
 from ..protocol.wire import Record
 from .format import FLAG_ASSIGNED, FLAG_AVAILABLE, PartitionInfo
-from .layout import PartitionStore, StorageLayout
+from .journal import replay_into_layout
+from .layout import PartitionStore, Repair, StorageLayout
 
 log = logging.getLogger("waltz.storage.recovery")
 
@@ -139,6 +140,7 @@ class PartitionRebuild:
         self.num_partitions = num_partitions
         self.aside = aside
         self.moved: list[str] = []
+        self.repairs: list[Repair] = []  #: what opening it repaired (a replayed journal)
 
     def open(self) -> None:
         try:
@@ -147,6 +149,8 @@ class PartitionRebuild:
             log.warning("%s; moving it aside and writing a new one", exc)
             self.moved += self.layout.quarantine(None, self.aside)
             self.layout.open(self.cluster_key, self.num_partitions)
+        # Records acknowledged from the node journal go back into their files before any is read.
+        self.repairs = replay_into_layout(self.layout)
 
     def local(self, partition_id: int) -> tuple[PartitionStore | None, PartitionInfo | None, str]:
         """The partition's store and struct as they are, or None for what is damaged, and why."""

@@ -106,6 +106,8 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 _sync_file_range = _load_sync_file_range()
 _SYNC_FILE_RANGE_WRITE = 2  #: start writeback of the range's dirty pages, do not wait
+#: with ``lazy_writeback``, a data file's writeback is started once per this many bytes written
+LAZY_WRITEBACK_BYTES = 256 * 1024
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:
@@ -255,6 +257,7 @@ class SegmentedPartition:
         self._closed = False
         self._unsynced = False  #: records written by write_validated and not yet fdatasync'ed
         self._synced_end = (0, 0)  #: (data end, record count) of the tail at its last sync
+        self._writeback_end = 0  #: the tail's bytes before this had their writeback started
         directory.mkdir(parents=True, exist_ok=True)
         self._open()
 
@@ -521,9 +524,12 @@ class SegmentedPartition:
         self.write_validated(records, offsets)
         self.sync_written()
 
-    def write_validated(self, records: bytes | memoryview, offsets: array[int]) -> None:
+    def write_validated(self, records: bytes | memoryview, offsets: array[int], *,
+                        lazy_writeback: bool = False) -> None:
         """Write a batch and start its writeback; durable with :meth:`sync_written`
-        (:class:`~.layout.DeferredSyncStore`)."""
+        (:class:`~.layout.DeferredSyncStore`). With ``lazy_writeback`` the writeback starts once
+        per :data:`LAZY_WRITEBACK_BYTES` written instead (the node journal makes the records
+        durable; the data file's sync waits for a checkpoint, which then has little left to write)."""
         self._check_open()
         if not offsets:
             return
@@ -536,7 +542,13 @@ class SegmentedPartition:
             assert tail is not None
         start = tail.data_end
         _pwrite_all(tail.data_fd, records, start)
-        start_writeback(tail.data_fd, start, len(records))
+        if not lazy_writeback:
+            start_writeback(tail.data_fd, start, len(records))
+            self._writeback_end = start + len(records)
+        elif start + len(records) - self._writeback_end >= LAZY_WRITEBACK_BYTES or self._writeback_end > start:
+            begin = min(self._writeback_end, start)
+            start_writeback(tail.data_fd, begin, start + len(records) - begin)
+            self._writeback_end = start + len(records)
         if not self._unsynced:
             self._unsynced = True
             self._synced_end = (start, tail.count)  # where the store goes back to if the sync fails
@@ -778,6 +790,8 @@ class SegmentedLayout:
 
     #: the class of the partitions it opens (a subclass may change how they write)
     partition_class: type[SegmentedPartition] = SegmentedPartition
+    #: its stores defer syncs, so a node may make their appends durable in its journal
+    journal_capable = True
 
     def __init__(self, directory: str | os.PathLike[str], *, segment_size_threshold: int = 1_000_000_000,
                  segment_cache_capacity: int = 5, index_checkpoint_interval: int = 1000) -> None:

@@ -65,6 +65,7 @@ class NoFsyncLayout(SegmentedLayout):
     """The ``segmented`` layout with :class:`NoFsyncPartition` partitions."""
 
     partition_class = NoFsyncPartition
+    journal_capable = False  # the node journal's fdatasync would make the appends durable after all
 
 
 def _no_fsync_layout(config: StorageNodeConfig, options: None) -> NoFsyncLayout:

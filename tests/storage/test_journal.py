@@ -1,0 +1,429 @@
+"""The node journal: its file format, its replay after an unclean stop, and a node that uses it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from array import array
+from pathlib import Path
+
+import pytest
+
+from waltz_core.errors import PartitionNotFoundError, StorageCorruptionError, StorageError
+from waltz_core.protocol.wire import RecordBatch
+from waltz_core.storage.format import HEADER_SIZE
+from waltz_core.storage.journal import (
+    ENTRIES_START,
+    JOURNAL_DIRECTORY,
+    NodeJournal,
+    journal_paths,
+    read_journal,
+    replay_journals,
+)
+from waltz_core.storage.layout import PartitionStore
+from waltz_core.storage.segmented import SegmentedLayout
+
+from .conftest import NUM_PARTITIONS, NodeHarness, make_records
+
+
+def _batch(first: int, count: int, partition_id: int = 0) -> RecordBatch:
+    return RecordBatch.from_records(make_records(first, count, partition_id))
+
+
+def _entry(first: int, count: int, partition_id: int = 0) -> tuple[int, int, int, bytes]:
+    return partition_id, first, count, bytes(_batch(first, count, partition_id).data)
+
+
+# ------------------------------------------------------------------------------ file format
+
+
+def test_entries_read_back_in_order_and_a_checkpoint_makes_them_stale(tmp_path: Path) -> None:
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=1 << 20)
+    journal.append([_entry(0, 3), _entry(0, 2, partition_id=1)])
+    journal.append([_entry(3, 4)])
+    entries, stop = read_journal(path)
+    assert stop is None
+    assert [(e.partition_id, e.first_transaction_id, e.count) for e in entries] == [(0, 0, 3), (1, 0, 2), (0, 3, 4)]
+    assert entries[2].data == _entry(3, 4)[3]
+    size_before = path.stat().st_size
+    journal.reset()
+    assert read_journal(path) == ([], None)
+    # The next generation overwrites from the start: the older, longer bytes after it are stale.
+    journal.append([_entry(7, 1)])
+    entries, stop = read_journal(path)
+    assert [(e.first_transaction_id, e.count) for e in entries] == [(7, 1)] and stop is None
+    assert path.stat().st_size == size_before
+    journal.close()
+
+
+def test_reading_stops_at_a_torn_last_entry(tmp_path: Path) -> None:
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=1 << 20)
+    journal.append([_entry(0, 3)])
+    end_of_first = journal.position
+    journal.append([_entry(3, 5)])
+    journal.close()
+    with open(path, "r+b") as f:  # a bit of the second entry's records flipped
+        f.seek(end_of_first + 40)
+        byte = f.read(1)
+        f.seek(end_of_first + 40)
+        f.write(bytes([byte[0] ^ 0x10]))
+    entries, stop = read_journal(path)
+    assert [(e.first_transaction_id, e.count) for e in entries] == [(0, 3)]
+    assert stop is not None and "checksum" in stop
+    os.truncate(path, end_of_first + 20)  # the second entry's head cut short
+    entries, stop = read_journal(path)
+    assert [(e.first_transaction_id, e.count) for e in entries] == [(0, 3)]
+
+
+def test_a_torn_header_slot_falls_back_to_the_other_and_two_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=1 << 20)
+    journal.append([_entry(0, 2)])
+    current_slot = journal._slot
+    journal.close()
+    with open(path, "r+b") as f:  # the slot of the current generation is torn: the previous one holds
+        f.seek(32 * current_slot)
+        f.write(b"\xff" * 8)
+    entries, _ = read_journal(path)
+    assert entries == []  # the entries carry the newer generation: stale for the older header
+    with open(path, "r+b") as f:
+        f.write(b"\xff" * 64)
+    with pytest.raises(StorageCorruptionError, match="header slots"):
+        read_journal(path)
+
+
+def test_entries_of_a_partition_that_are_not_consecutive_are_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=1 << 20)
+    journal.append([_entry(0, 3), _entry(5, 1)])
+    journal.close()
+    with pytest.raises(StorageCorruptionError, match="previous one ended"):
+        read_journal(path)
+
+
+def test_the_journal_is_full_at_its_checkpoint_size(tmp_path: Path) -> None:
+    journal = NodeJournal(tmp_path / "io-0.wal", checkpoint_bytes=200)  # full somewhere after 100..200 bytes
+    assert not journal.full
+    journal.append([_entry(0, 1)])  # a head of 32 bytes and one record of 70 or so
+    assert not journal.full
+    journal.append([_entry(1, 3)])
+    assert journal.full and journal.position > ENTRIES_START + 200
+    journal.reset()
+    assert not journal.full and journal.position == ENTRIES_START
+    journal.close()
+
+
+# ----------------------------------------------------------------------------------- replay
+
+
+def _layout(directory: Path, cluster_key: uuid.UUID) -> SegmentedLayout:
+    layout = SegmentedLayout(directory)
+    layout.open(cluster_key, NUM_PARTITIONS)
+    return layout
+
+
+def _journaled_writes(directory: Path, cluster_key: uuid.UUID, batches: list[tuple[int, int, int]]) -> None:
+    """Write ``(partition, first, count)`` batches as a journaled node does: into the partition
+    files without syncing them, and durably into the journal; then "crash" (nothing is closed)."""
+    layout = _layout(directory, cluster_key)
+    journal = NodeJournal(directory / JOURNAL_DIRECTORY / "io-0.wal", checkpoint_bytes=1 << 30)
+    stores: dict[int, PartitionStore] = {}
+    for pid, first, count in batches:
+        store = stores.get(pid) or stores.setdefault(pid, layout.open_partition(pid))
+        batch = _batch(first, count, pid)
+        offsets = array("q")
+        batch.validate_into(offsets)
+        store.write_validated(batch.data, offsets, lazy_writeback=True)  # type: ignore[attr-defined]
+        journal.append([(pid, first, count, bytes(batch.data))])
+    for store in stores.values():
+        store._closed = True  # type: ignore[attr-defined]  # a crash: no close-time sync
+    journal.close()
+    layout.close()
+
+
+def _lose_unsynced_tail(directory: Path, partition_id: int, keep_records: int) -> None:
+    """The power loss: the partition's data file keeps only its first ``keep_records`` records
+    (what its files held at the last checkpoint), its index is gone."""
+    part = directory / str(partition_id)
+    data = next(p for p in part.iterdir() if p.suffix == ".seq")
+    for index in part.glob("*.idx"):
+        index.unlink()
+    keep = HEADER_SIZE + (len(_batch(0, keep_records, partition_id).data) if keep_records else 0)
+    assert keep < data.stat().st_size
+    os.truncate(data, keep)
+
+
+def _stored(directory: Path, cluster_key: uuid.UUID, partition_id: int) -> list:
+    layout = _layout(directory, cluster_key)
+    store = layout.open_partition(partition_id)
+    try:
+        return store.read_records(0, 1000)
+    finally:
+        store.close()
+        layout.close()
+
+
+def _replay(directory: Path, cluster_key: uuid.UUID) -> tuple[list, list[tuple[int, str]]]:
+    layout = _layout(directory, cluster_key)
+    failures: list[tuple[int, str]] = []
+    try:
+        repairs = replay_journals(directory, layout.open_partition, lambda pid, exc: failures.append((pid, str(exc))))
+    finally:
+        layout.close()
+    return repairs, failures
+
+
+def test_replay_puts_back_what_a_power_loss_took_from_the_partition_files(tmp_path: Path, cluster_key) -> None:
+    _journaled_writes(tmp_path, cluster_key, [(0, 0, 3), (1, 0, 2), (0, 3, 4), (1, 2, 5)])
+    _lose_unsynced_tail(tmp_path, 0, keep_records=0)
+    _lose_unsynced_tail(tmp_path, 1, keep_records=4)
+    repairs, failures = _replay(tmp_path, cluster_key)
+    assert failures == []
+    assert sorted(r.partition_id for r in repairs) == [0, 1]
+    assert all(r.action == "replayed journal" for r in repairs)
+    assert _stored(tmp_path, cluster_key, 0) == make_records(0, 7, 0)
+    assert _stored(tmp_path, cluster_key, 1) == make_records(0, 7, 1)
+    # The journal started a new generation: a second replay finds nothing to do.
+    assert [read_journal(p)[0] for p in journal_paths(tmp_path)] == [[]]
+    assert _replay(tmp_path, cluster_key) == ([], [])
+
+
+def test_replay_again_after_a_crash_in_the_middle_of_a_replay_writes_nothing_twice(tmp_path: Path,
+                                                                                     cluster_key) -> None:
+    _journaled_writes(tmp_path, cluster_key, [(0, 0, 3), (0, 3, 4)])
+    saved = tmp_path.parent / (tmp_path.name + "-journal")
+    shutil.copytree(tmp_path / JOURNAL_DIRECTORY, saved)
+    _lose_unsynced_tail(tmp_path, 0, keep_records=0)
+    _replay(tmp_path, cluster_key)
+    # As if the replay had died before it started the journal's next generation:
+    shutil.rmtree(tmp_path / JOURNAL_DIRECTORY)
+    shutil.copytree(saved, tmp_path / JOURNAL_DIRECTORY)
+    repairs, failures = _replay(tmp_path, cluster_key)
+    assert (repairs, failures) == ([], [])  # every record already there, byte for byte
+    assert _stored(tmp_path, cluster_key, 0) == make_records(0, 7, 0)
+
+
+def test_replay_replaces_records_that_differ_from_the_journal(tmp_path: Path, cluster_key) -> None:
+    _journaled_writes(tmp_path, cluster_key, [(0, 0, 3), (0, 3, 4)])
+    # The file holds other bytes for transactions 3..6 (say, a torn write the scan accepted).
+    layout = _layout(tmp_path, cluster_key)
+    store = layout.open_partition(0)
+    store.truncate(2)
+    other = RecordBatch.from_records(make_records(3, 4, partition_id=3))
+    store.append(list(other))
+    store.close()
+    layout.close()
+    repairs, failures = _replay(tmp_path, cluster_key)
+    assert failures == [] and [r.partition_id for r in repairs] == [0]
+    assert _stored(tmp_path, cluster_key, 0) == make_records(0, 7, 0)
+
+
+def test_a_partition_that_lost_synced_records_is_handed_to_on_failure(tmp_path: Path, cluster_key) -> None:
+    _journaled_writes(tmp_path, cluster_key, [(0, 0, 3), (0, 3, 4), (1, 0, 2)])
+    # Simulate a checkpoint that made records 0..2 of partition 0 durable, then a journal with only the rest:
+    path = tmp_path / JOURNAL_DIRECTORY / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=1 << 30)
+    journal.append([_entry(3, 4), _entry(0, 2, partition_id=1)])
+    journal.close()
+    _lose_unsynced_tail(tmp_path, 0, keep_records=0)  # ... and the disk lost the synced 0..2
+    repairs, failures = _replay(tmp_path, cluster_key)
+    assert [pid for pid, _ in failures] == [0]
+    assert "synced are missing" in failures[0][1]
+    assert [r.partition_id for r in repairs] == []  # partition 1's files held its records already
+    assert _stored(tmp_path, cluster_key, 1) == make_records(0, 2, 1)  # the others are replayed
+
+
+# ------------------------------------------------------------------------------ in the node
+
+
+async def test_a_journaled_node_keeps_acknowledged_records_through_a_power_loss(tmp_path: Path,
+                                                                                cluster_key) -> None:
+    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True, "io_threads": 2})
+    await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0, 1], True)
+        c = await h.client()
+        await c.append(1, 0, make_records(0, 5))
+        await c.append(1, 1, make_records(0, 3, 1))
+        await c.append(1, 0, make_records(5, 4))
+        assert [p.name for p in journal_paths(tmp_path / "live")] == ["io-0.wal", "io-1.wal"]
+        assert sum(len(read_journal(p)[0]) for p in journal_paths(tmp_path / "live")) == 3
+        # The power loss, taken while the node runs: the journal is durable, the partition files lose their records.
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    finally:
+        await h.stop()
+    _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)
+    _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=1)
+    after = NodeHarness(tmp_path / "crashed", cluster_key, node_options={"journal": True})
+    node = await after.start()
+    try:
+        assert {r.partition_id for r in node.repairs if r.action == "replayed journal"} == {0, 1}
+        c = await after.client()
+        assert await c.max_transaction_id(2, 0) == 8
+        assert list(await c.record_list(2, 0, 0, 100)) == make_records(0, 9)
+        assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 3, 1)
+    finally:
+        await after.stop()
+    # A clean stop leaves every journal empty.
+    assert all(read_journal(p)[0] == [] for p in journal_paths(tmp_path / "live"))
+
+
+async def test_one_round_of_several_partitions_is_one_journal_write_and_no_partition_fdatasync(
+        tmp_path: Path, cluster_key) -> None:
+    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1})
+    node = await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0, 1, 2], True)
+        syncs: list[int] = []
+        for worker in node.workers[:3]:
+            store = worker.store
+            assert store is not None
+            sync = store.sync_written  # type: ignore[attr-defined]
+            store.sync_written = lambda pid=worker.partition_id, sync=sync: (syncs.append(pid), sync())[1]  # type: ignore[attr-defined]
+        journal = node.io_threads[0].journal
+        assert journal is not None
+        rounds: list[list[int]] = []
+        append = journal.append
+        journal.append = lambda entries: (rounds.append([e[0] for e in entries]), append(entries))[1]  # type: ignore[method-assign]
+        c = await h.client()
+        worker = node.workers[0]
+        gate = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
+        await asyncio.sleep(0.05)  # the thread is inside that call: what is queued now is the next round
+        appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
+        await asyncio.sleep(0.1)
+        assert not any(a.done() for a in appends)
+        gate.set()
+        await blocker
+        await asyncio.gather(*appends)
+        assert rounds == [[0, 1, 2]] and syncs == []
+        assert node.metrics.counter("storage_append_syncs", labels={"thread": "0"}).value == 1
+        for pid in (0, 1, 2):
+            assert await c.record_list(1, pid, 0, 10) == tuple(make_records(0, 2, pid))
+    finally:
+        await h.stop()
+    assert sorted(syncs) == [0, 1, 2]  # closing the stores synced their files
+
+
+async def test_a_truncate_starts_a_new_generation_so_no_older_append_is_replayed_over_it(tmp_path: Path,
+                                                                                         cluster_key) -> None:
+    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True, "io_threads": 1})
+    await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0], True)
+        c = await h.client()
+        await c.append(1, 0, make_records(0, 6))
+        await c.truncate(2, 0, 2)
+        replaced = make_records(3, 2, partition_id=2)
+        await c.append(2, 0, replaced)
+        entries = read_journal(tmp_path / "live" / JOURNAL_DIRECTORY / "io-0.wal")[0]
+        assert [(e.first_transaction_id, e.count) for e in entries] == [(3, 2)]
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    finally:
+        await h.stop()
+    after = NodeHarness(tmp_path / "crashed", cluster_key, node_options={"journal": True})
+    await after.start()
+    try:
+        c = await after.client()
+        assert list(await c.record_list(3, 0, 0, 100)) == make_records(0, 3) + replaced
+    finally:
+        await after.stop()
+
+
+async def test_checkpoints_keep_the_journal_bounded(tmp_path: Path, cluster_key) -> None:
+    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1,
+                                                         "journal_checkpoint_bytes": 4096})
+    node = await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0], True)
+        c = await h.client()
+        for first in range(0, 200, 10):
+            await c.append(1, 0, make_records(first, 10))
+        journal = node.io_threads[0].journal
+        assert journal is not None and journal.generation > 3  # it checkpointed several times
+        assert journal.position < 4096 + 10_000
+        assert list(await c.record_list(1, 0, 0, 1000)) == make_records(0, 200)
+    finally:
+        await h.stop()
+
+
+async def test_a_failed_journal_write_fails_the_appends_and_the_node_refuses_until_a_restart(
+        tmp_path: Path, cluster_key) -> None:
+    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1})
+    node = await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0], True)
+        c = await h.client()
+        await c.append(1, 0, make_records(0, 2))
+        journal = node.io_threads[0].journal
+        assert journal is not None
+
+        def broken(entries: object) -> None:
+            raise OSError(5, "Input/output error")
+
+        journal.append = broken  # type: ignore[method-assign]
+        with pytest.raises(StorageError, match="journal write failed"):
+            await c.append(1, 0, make_records(2, 2))
+        c2 = await h.client()
+        with pytest.raises(StorageError, match="restart the storage node"):
+            await c2.max_transaction_id(1, 0)
+    finally:
+        await h.stop()
+    # The restart replays what the journal held: the acknowledged records are there.
+    node = await h.start()
+    try:
+        c = await h.client()
+        assert (await c.max_transaction_id(1, 0)) >= 1
+        assert list(await c.record_list(1, 0, 0, 2)) == make_records(0, 2)
+    finally:
+        await h.stop()
+
+
+def test_the_storage_journal_keys_are_in_the_config() -> None:
+    from waltz_core.config import StorageNodeConfig
+
+    cfg = StorageNodeConfig()
+    assert cfg.journal is True and cfg.journal_checkpoint_bytes == 64 * 1024 * 1024
+
+
+async def test_a_node_makes_a_partition_that_cannot_be_replayed_unavailable_and_serves_the_others(
+        tmp_path: Path, cluster_key) -> None:
+    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True, "io_threads": 1,
+                                                                  "journal_checkpoint_bytes": 1 << 30})
+    node = await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0, 1], True)
+        c = await h.client()
+        await c.append(1, 0, make_records(0, 3))
+        journal = node.io_threads[0].journal
+        assert journal is not None
+        await node.workers[0].call(node.io_threads[0].checkpoint)  # records 0..2 of partition 0 are synced
+        await c.append(1, 0, make_records(3, 2))
+        await c.append(1, 1, make_records(0, 2, 1))
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    finally:
+        await h.stop()
+    _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)  # the disk lost synced records too
+    _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=0)
+    after = NodeHarness(tmp_path / "crashed", cluster_key, node_options={"journal": True})
+    node = await after.start()
+    try:
+        failed = [r for r in node.repairs if r.action == "journal replay failed"]
+        assert [r.partition_id for r in failed] == [0] and "recover-partition" in failed[0].detail
+        c = await after.client()
+        with pytest.raises(PartitionNotFoundError, match="not available"):
+            await c.max_transaction_id(2, 0)
+        assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 2, 1)
+    finally:
+        await after.stop()
