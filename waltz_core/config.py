@@ -162,10 +162,20 @@ class StorageNodeConfig:
     max_batch_records: int = key(100, "Largest append batch written with one fdatasync.", validator=AT_LEAST_ONE)
     queue_size: int = key(100, "Requests queued per partition before the node stops reading from a connection.",
                           validator=AT_LEAST_ONE)
-    io_threads: int = key(2, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions; a "
-                             "partition always uses the same one. More threads overlap the fdatasyncs of different "
-                             "partitions at the cost of thread switches (docs/performance.md).",
+    io_threads: int = key(1, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions, each "
+                             "with its own journal; a partition always uses the same one. More threads overlap the "
+                             "fdatasyncs of different partitions at the cost of thread switches and, with the "
+                             "journal, of one fdatasync per thread and round (docs/performance.md).",
                           validator=AT_LEAST_ONE)
+    journal: bool = key(True, "Make the appends of every partition an I/O thread handles in one round durable with one "
+                              "write and one fdatasync of a node journal (storage-dir/journal/); the partition files "
+                              "are synced at checkpoints. Off: one fdatasync per partition batch. A journal left by "
+                              "an unclean stop is replayed at start either way (docs/operations.md).")
+    journal_checkpoint_bytes: int = key(
+        64 * 1024 * 1024, "Journal bytes after which an I/O thread syncs its partitions' files and starts the journal "
+                          "over (at a point drawn between half and all of it each time, so that replicas do not "
+                          "stall together); bounds the journal's size and the replay after a crash.",
+        validator=AT_LEAST_ONE)
     options: Mapping[str, Mapping[str, Any]] = key(
         {}, "Per-layout option tables, written as [storage.<layout>] (validated by that layout's options class).")
 

@@ -64,7 +64,8 @@ async def run_storage(config: StorageProcessConfig, runtime: Runtime, *, cluster
         name = f"storage-{cfg.host}:{cfg.port}"
         node = StorageNode(layout, cluster_key, num_partitions, queue_size=cfg.queue_size,
                            max_batch_records=cfg.max_batch_records, max_frame_size=config.transport.max_frame_size,
-                           io_threads=cfg.io_threads, metrics=metrics, name=name)
+                           io_threads=cfg.io_threads, journal=cfg.journal,
+                           journal_checkpoint_bytes=cfg.journal_checkpoint_bytes, metrics=metrics, name=name)
         await node.start()
     except BaseException:
         await transport.aclose()
