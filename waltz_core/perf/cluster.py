@@ -1,8 +1,9 @@
 """Where ``waltz perf`` runs: a throw-away local cluster, and the storages' Prometheus counters.
 
 ``records per fdatasync`` is read from the storage nodes, not guessed: every storage partition
-counts ``waltz_storage_appended_records_total`` and ``waltz_storage_append_batches_total`` (one fdatasync per
-batch, :mod:`waltz_core.storage.node`); the ratio of their deltas over the measured window is the
+counts ``waltz_storage_appended_records_total`` and every I/O thread ``waltz_storage_append_syncs_total``
+(the fdatasyncs that made appends durable: one per partition batch, or one per round with the node
+journal, :mod:`waltz_core.storage.node`); the ratio of their deltas over the measured window is the
 group-commit factor the run achieved.
 """
 
@@ -21,7 +22,7 @@ import attrs
 from ..config import ClientProcessConfig
 
 RECORDS_METRIC = "waltz_storage_appended_records_total"
-SYNCS_METRIC = "waltz_storage_append_batches_total"
+SYNCS_METRIC = "waltz_storage_append_syncs_total"
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
