@@ -111,8 +111,9 @@ def _read_generation(fd: int, path: Path) -> tuple[int, int]:
     if not valid:
         raise StorageCorruptionError(
             f"{path}: both journal header slots fail their checksums; the journal may hold acknowledged records "
-            f"that are not in the partition files yet. Move the file aside only after recovering the node's "
-            f"partitions from other replicas (`waltz storage recover-partition`)")
+            f"that are not in the partition files yet. Move the journal directory aside and recover every "
+            f"partition of this node from other replicas (`waltz storage recover-partition`; docs/operations.md, "
+            f"\"A corrupt node journal\")")
     return max(valid)
 
 
