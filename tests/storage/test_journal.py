@@ -427,3 +427,30 @@ async def test_a_node_makes_a_partition_that_cannot_be_replayed_unavailable_and_
         assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 2, 1)
     finally:
         await after.stop()
+
+
+async def test_offline_recovery_opens_a_crashed_directory_with_its_journal_replayed(tmp_path: Path,
+                                                                                   cluster_key) -> None:
+    from waltz_core.storage.recovery import PartitionRebuild
+
+    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True})
+    await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0], True)
+        c = await h.client()
+        await c.append(1, 0, make_records(0, 6))
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    finally:
+        await h.stop()
+    _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=2)
+    rebuild = PartitionRebuild(SegmentedLayout(tmp_path / "crashed"), cluster_key, NUM_PARTITIONS, tmp_path / "aside")
+    rebuild.open()
+    try:
+        assert [(r.partition_id, r.action) for r in rebuild.repairs] == [(0, "replayed journal")]
+        store, info, why = rebuild.local(0)
+        assert store is not None and info is not None and info.assigned and why == ""
+        assert store.read_records(0, 100) == make_records(0, 6)
+        store.close()
+    finally:
+        rebuild.layout.close()
