@@ -14,7 +14,8 @@ What a journal has to get right, and how this one does:
 * **Acknowledged records exist only in the journal** until the next checkpoint. A crash before it
   is repaired by :func:`replay_journals` when the directory is opened again (the node at start,
   and every offline tool that opens a storage directory): each entry's records are put back into
-  the partition's files where they are missing or differ, each step durable before the next.
+  the partition's files where they are missing or differ, and each partition's files are synced
+  before the journal is emptied.
 * **Replay is idempotent.** Within one generation a partition's entries are consecutive (each
   starts where the previous one ended: truncations end the generation first), so replaying them
   again, after a crash in the middle of a replay, leaves the same records.
@@ -51,7 +52,7 @@ import attrs
 from ..errors import ProtocolError, StorageCorruptionError, StorageError
 from ..protocol.wire import RecordBatch
 from .format import FLAG_AVAILABLE, PartitionInfo
-from .layout import PartitionStore, Repair, StorageLayout
+from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
 log = logging.getLogger("waltz.storage.journal")
 
@@ -288,7 +289,10 @@ def _apply(store: PartitionStore, entry: JournalEntry) -> bool:
         raise StorageCorruptionError(f"partition {entry.partition_id}: journal entry {first}..{last}: {exc}") from None
     if have >= first:
         store.truncate(first - 1)
-    store.append_validated(entry.data, offsets)
+    if isinstance(store, DeferredSyncStore):  # one fdatasync per partition, by replay_journals
+        store.write_validated(entry.data, offsets)
+    else:
+        store.append_validated(entry.data, offsets)
     return True
 
 
@@ -323,6 +327,8 @@ def replay_journals(directory: str | os.PathLike[str], open_partition: Callable[
                 continue
             try:
                 written = sum(_apply(store, e) for e in own)
+                if isinstance(store, DeferredSyncStore):
+                    store.sync_written()  # durable before the journal's bytes become stale
             except StorageError as exc:
                 on_failure(pid, exc)
                 continue
