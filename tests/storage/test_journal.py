@@ -454,3 +454,38 @@ async def test_offline_recovery_opens_a_crashed_directory_with_its_journal_repla
         store.close()
     finally:
         rebuild.layout.close()
+
+
+async def test_groups_split_by_max_batch_records_share_the_round_journal_write_until_another_request(
+        tmp_path: Path, cluster_key) -> None:
+    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1, "max_batch_records": 2})
+    node = await h.start()
+    try:
+        admin = await h.admin()
+        await admin.set_assignment([0], True)
+        journal = node.io_threads[0].journal
+        assert journal is not None
+        writes: list[list[tuple[int, int]]] = []
+        append = journal.append
+        journal.append = lambda entries: (writes.append([(e[1], e[2]) for e in entries]), append(entries))[1]  # type: ignore[method-assign]
+        c = await h.client()
+        worker = node.workers[0]
+        gate = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
+        await asyncio.sleep(0.05)  # what is queued now is one batch of the next round
+        calls = [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (0, 2, 4)]
+        await asyncio.sleep(0.02)
+        calls.append(asyncio.ensure_future(c.max_transaction_id(1, 0)))
+        await asyncio.sleep(0.02)
+        calls += [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (6, 8)]
+        await asyncio.sleep(0.1)
+        gate.set()
+        await blocker
+        results = await asyncio.gather(*calls)
+        # Three groups of 2 (max_batch_records), journaled together before the read; the two after it with the round.
+        assert writes == [[(0, 2), (2, 2), (4, 2)], [(6, 2), (8, 2)]]
+        assert results[3] == 5  # the read saw the three groups, durable
+        assert list(await c.record_list(1, 0, 0, 100)) == make_records(0, 10)
+    finally:
+        await h.stop()

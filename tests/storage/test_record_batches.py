@@ -79,11 +79,10 @@ async def test_a_refused_batch_inside_a_group_commit_fails_alone(harness: NodeHa
     before = syncs.value
 
     def one_round() -> list[tuple[object, Any]]:
-        """What the I/O thread does with these items: run them, then sync the last group."""
+        """What the I/O thread does with these items: run them, then make what they wrote durable."""
         replies: list[tuple[object, Any]] = []
         written = worker.run([_Item(req, lambda _r: None) for req in requests], replies)
-        if written is not None:
-            worker.finish(written, replies)
+        worker.io.finish([(worker, group) for group in written], replies)
         return replies
 
     out = await worker.call(one_round)

@@ -262,24 +262,24 @@ class IoThread:
         """One round over the partitions that rang (None: stop after it): their replies, and
         whether the thread stops."""
         replies: Replies = []
-        written: dict[PartitionWorker, _AppendGroup] = {}
+        written: dict[PartitionWorker, list[_AppendGroup]] = {}
         stop = False
         for worker in rang:
             if worker is None:
                 stop = True
                 continue
             if worker in written:  # it rang again during the round: its write is made durable first
-                self.finish([(worker, written.pop(worker))], replies)
+                self.finish([(worker, group) for group in written.pop(worker)], replies)
             worker.rung = False  # before take(): an item queued after it rings again
             items = worker.queue.take()
             if items:
-                group = worker.run(items, replies)
-                if group is not None:
-                    written[worker] = group
+                groups = worker.run(items, replies)
+                if groups:
+                    written[worker] = groups
         # The last append group of each partition was written, not synced: the fdatasyncs of the
         # round come after every write, so the writeback of all of them is under way.
         if written:
-            self.finish(list(written.items()), replies)
+            self.finish([(worker, group) for worker, groups in written.items() for group in groups], replies)
         return replies, stop
 
     def finish(self, groups: list[tuple[PartitionWorker, _AppendGroup]], replies: Replies) -> None:
@@ -468,20 +468,22 @@ class PartitionWorker:
         self.io.ring(self)
         return await fut
 
-    def run(self, items: list[_Item], replies: Replies) -> _AppendGroup | None:
+    def run(self, items: list[_Item], replies: Replies) -> list[_AppendGroup]:
         """I/O thread: handle the items taken from the queue, in order, as one batch, adding
-        their replies to ``replies``. Returns the batch's last append group when it was written
-        but not made durable yet (a store with deferred syncs): :meth:`finish` syncs and
-        answers it, after the other partitions of the round wrote theirs."""
+        their replies to ``replies``. Returns the append groups that were written but not made
+        durable yet: with the node journal every group since the batch's last other request, else
+        the batch's last group when the store defers syncs. The I/O thread makes them durable
+        and answers them (:meth:`IoThread.finish`) after the other partitions of the round
+        wrote theirs."""
         out: Replies = []
         try:
-            group = self._process(items, out)
+            groups = self._process(items, out)
         except Exception as exc:  # a bug: answer every request of the batch, keep the thread
             log.exception("partition %d: a batch of %d requests failed", self.partition_id, len(items))
             replies.extend(self._failed(items, StorageError(f"internal error: {exc!r}")))
-            return None
+            return []
         replies.extend(out)
-        return group
+        return groups
 
     def finish(self, group: _AppendGroup, replies: Replies) -> None:
         """I/O thread: make a written group durable (one fdatasync) and answer its appends."""
@@ -539,9 +541,13 @@ class PartitionWorker:
         return replies
 
     # ------------------------------------------------------------------ worker thread
-    def _process(self, batch: list[_Item], out: Replies) -> _AppendGroup | None:
+    def _process(self, batch: list[_Item], out: Replies) -> list[_AppendGroup]:
         group = _AppendGroup()
+        #: with the node journal: groups written, to be journaled with the round (or before the
+        #: batch's next request that is not an append: nothing else may see them undurable)
+        written: list[_AppendGroup] = []
         limit = self.node.max_batch_records
+        journaled = self._journaled
 
         def flush(last: bool = False) -> bool:
             """Write the group; durable and answered at once, unless it is the batch's ``last``
@@ -552,18 +558,6 @@ class PartitionWorker:
             store = self.store
             try:
                 assert store is not None
-                if self._journaled:
-                    if self.io.journal_error is not None:
-                        raise StorageError(f"the node journal failed ({self.io.journal_error}); restart the "
-                                           f"storage node to replay it")
-                    group.first = store.max_transaction_id + 1
-                    group.joined = data = group.data()
-                    cast(DeferredSyncStore, store).write_validated(data, group.offsets, lazy_writeback=True)
-                    if last:
-                        return True
-                    self.io.finish([(self, group)], out)  # answers the group, whatever happens
-                    group.clear()
-                    return False
                 if last and self._deferred_sync:
                     cast(DeferredSyncStore, store).write_validated(group.data(), group.offsets)
                     return True
@@ -575,10 +569,42 @@ class PartitionWorker:
             group.clear()
             return False
 
+        def write_journaled() -> None:
+            """Journal mode: write the group into the partition's files; the journal makes it durable."""
+            nonlocal group
+            if not group.items:
+                return
+            group.started = time.perf_counter()
+            store = self.store
+            try:
+                assert store is not None
+                if self.io.journal_error is not None:
+                    raise StorageError(f"the node journal failed ({self.io.journal_error}); restart the storage "
+                                       f"node to replay it")
+                group.first = store.max_transaction_id + 1
+                group.joined = data = group.data()
+                cast(DeferredSyncStore, store).write_validated(data, group.offsets, lazy_writeback=True)
+            except Exception as exc:  # noqa: BLE001 - an I/O failure: fail the group, reopen to repair the tail
+                self._append_failed(group, exc, out)
+                group.clear()
+                return
+            written.append(group)
+            group = _AppendGroup()
+
+        def settle() -> None:
+            """Before anything but an append: every append before it is durable and answered."""
+            if not journaled:
+                flush()
+                return
+            write_journaled()
+            if written:
+                self.io.finish([(self, g) for g in written], out)
+                written.clear()
+
         for item in batch:
             work = item.work
             if callable(work):
-                flush()
+                settle()
                 try:
                     out.append((item.reply, work()))
                 except Exception as exc:  # noqa: BLE001 - the request's reply
@@ -589,11 +615,14 @@ class PartitionWorker:
                     self._m_requests["append"].inc()
                     self._check(work, work.offline)
                     if group.count and group.count + len(work.records) > limit:
-                        flush()
+                        if journaled:
+                            write_journaled()
+                        else:
+                            flush()
                     self._check_append(work, group)
                     group.add(item, work.records)
                     continue
-                flush()
+                settle()
                 response = self._handle(work)
             except WaltzError as exc:
                 self._m_failures.inc()
@@ -603,7 +632,10 @@ class PartitionWorker:
                 self._m_failures.inc()
                 response = failure_for(work, StorageError(f"internal error: {exc!r}"))
             out.append((item.reply, response))
-        return group if flush(last=True) else None
+        if journaled:
+            write_journaled()
+            return written
+        return [group] if flush(last=True) else []
 
     def _reopen_after_failure(self) -> None:
         self._close_store()
