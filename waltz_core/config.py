@@ -159,7 +159,9 @@ class StorageNodeConfig:
     segment_cache_capacity: int = key(5, "Segments per partition whose files stay open.", validator=AT_LEAST_ONE)
     index_checkpoint_interval: int = key(1000, "Records between index flushes; the index is rebuilt from the last checkpoint on start.",
                                          validator=AT_LEAST_ONE)
-    max_batch_records: int = key(100, "Largest append batch written with one fdatasync.", validator=AT_LEAST_ONE)
+    max_batch_records: int = key(100, "Largest group of a partition's appends written at once: one fdatasync each "
+                                      "without the node journal; with it every group of a round shares the "
+                                      "journal's one.", validator=AT_LEAST_ONE)
     queue_size: int = key(100, "Requests queued per partition before the node stops reading from a connection.",
                           validator=AT_LEAST_ONE)
     io_threads: int = key(1, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions, each "
