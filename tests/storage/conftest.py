@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -12,11 +14,26 @@ import pytest
 
 from waltz_core.protocol.wire import Record, ReqId
 from waltz_core.storage.client import StorageAdminClient, StorageClient
-from waltz_core.storage.node import StorageNode
+from waltz_core.storage.node import PartitionWorker, StorageNode
 from waltz_core.storage.segmented import SegmentedLayout
 from waltz_core.transport.memory import MemoryTransport
 
 NUM_PARTITIONS = 4
+
+
+@contextlib.asynccontextmanager
+async def io_thread_blocked(worker: PartitionWorker) -> AsyncIterator[None]:
+    """The I/O thread of ``worker`` stays inside one round (a call waiting on the loop) until the
+    block ends; what is queued meanwhile waits for the next round."""
+    gate = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
+    await asyncio.sleep(0.05)  # the thread is inside the blocker's round
+    try:
+        yield
+    finally:
+        gate.set()
+        await blocker
 
 
 def make_record(txn: int, data: bytes | None = None, partition_id: int = 0) -> Record:

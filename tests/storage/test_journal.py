@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import uuid
 from array import array
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from waltz_core.errors import PartitionNotFoundError, StorageCorruptionError, StorageError
 from waltz_core.protocol.wire import RecordBatch
+from waltz_core.storage.client import StorageClient
 from waltz_core.storage.format import HEADER_SIZE
 from waltz_core.storage.journal import (
     ENTRIES_START,
@@ -23,9 +27,10 @@ from waltz_core.storage.journal import (
     replay_journals,
 )
 from waltz_core.storage.layout import PartitionStore
+from waltz_core.storage.node import StorageNode
 from waltz_core.storage.segmented import SegmentedLayout
 
-from .conftest import NUM_PARTITIONS, NodeHarness, make_records
+from .conftest import NUM_PARTITIONS, NodeHarness, io_thread_blocked, make_records
 
 
 def _batch(first: int, count: int, partition_id: int = 0) -> RecordBatch:
@@ -240,14 +245,34 @@ def test_a_partition_that_lost_synced_records_is_handed_to_on_failure(tmp_path: 
 # ------------------------------------------------------------------------------ in the node
 
 
+@contextlib.asynccontextmanager
+async def _journaled_node(directory: Path, cluster_key: uuid.UUID, *assigned: int,
+                          **options: Any) -> AsyncIterator[tuple[StorageNode, StorageClient]]:
+    """A node with the journal (and ``options``), the ``assigned`` partitions assigned, and a
+    data client; stopped cleanly at the end."""
+    h = NodeHarness(directory, cluster_key, node_options={"journal": True, **options})
+    node = await h.start()
+    try:
+        if assigned:
+            admin = await h.admin()
+            await admin.set_assignment(list(assigned), True)
+        yield node, await h.client()
+    finally:
+        await h.stop()
+
+
+def _record_calls(journal: NodeJournal | None, what: Callable[[list[Any]], Any]) -> list[Any]:
+    """Wrap ``journal.append``: what each call was given, as ``what(entries)``."""
+    assert journal is not None
+    seen: list[Any] = []
+    append = journal.append
+    journal.append = lambda entries: (seen.append(what(entries)), append(entries))[1]  # type: ignore[method-assign]
+    return seen
+
+
 async def test_a_journaled_node_keeps_acknowledged_records_through_a_power_loss(tmp_path: Path,
                                                                                 cluster_key) -> None:
-    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True, "io_threads": 2})
-    await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0, 1], True)
-        c = await h.client()
+    async with _journaled_node(tmp_path / "live", cluster_key, 0, 1, io_threads=2) as (_, c):
         await c.append(1, 0, make_records(0, 5))
         await c.append(1, 1, make_records(0, 3, 1))
         await c.append(1, 0, make_records(5, 4))
@@ -255,115 +280,66 @@ async def test_a_journaled_node_keeps_acknowledged_records_through_a_power_loss(
         assert sum(len(read_journal(p)[0]) for p in journal_paths(tmp_path / "live")) == 3
         # The power loss, taken while the node runs: the journal is durable, the partition files lose their records.
         shutil.copytree(tmp_path / "live", tmp_path / "crashed")
-    finally:
-        await h.stop()
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)
     _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=1)
-    after = NodeHarness(tmp_path / "crashed", cluster_key, node_options={"journal": True})
-    node = await after.start()
-    try:
+    async with _journaled_node(tmp_path / "crashed", cluster_key) as (node, c):
         assert {r.partition_id for r in node.repairs if r.action == "replayed journal"} == {0, 1}
-        c = await after.client()
         assert await c.max_transaction_id(2, 0) == 8
         assert list(await c.record_list(2, 0, 0, 100)) == make_records(0, 9)
         assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 3, 1)
-    finally:
-        await after.stop()
     # A clean stop leaves every journal empty.
     assert all(read_journal(p)[0] == [] for p in journal_paths(tmp_path / "live"))
 
 
 async def test_one_round_of_several_partitions_is_one_journal_write_and_no_partition_fdatasync(
         tmp_path: Path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1})
-    node = await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0, 1, 2], True)
-        syncs: list[int] = []
+    syncs: list[int] = []
+    async with _journaled_node(tmp_path, cluster_key, 0, 1, 2) as (node, c):
         for worker in node.workers[:3]:
             store = worker.store
             assert store is not None
             sync = store.sync_written  # type: ignore[attr-defined]
             store.sync_written = lambda pid=worker.partition_id, sync=sync: (syncs.append(pid), sync())[1]  # type: ignore[attr-defined]
-        journal = node.io_threads[0].journal
-        assert journal is not None
-        rounds: list[list[int]] = []
-        append = journal.append
-        journal.append = lambda entries: (rounds.append([e[0] for e in entries]), append(entries))[1]  # type: ignore[method-assign]
-        c = await h.client()
-        worker = node.workers[0]
-        gate = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
-        await asyncio.sleep(0.05)  # the thread is inside that call: what is queued now is the next round
-        appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
-        await asyncio.sleep(0.1)
-        assert not any(a.done() for a in appends)
-        gate.set()
-        await blocker
+        rounds = _record_calls(node.io_threads[0].journal, lambda entries: [e[0] for e in entries])
+        async with io_thread_blocked(node.workers[0]):  # what is queued meanwhile is the next round
+            appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
+            await asyncio.sleep(0.1)
+            assert not any(a.done() for a in appends)
         await asyncio.gather(*appends)
         assert rounds == [[0, 1, 2]] and syncs == []
         assert node.metrics.counter("storage_append_syncs", labels={"thread": "0"}).value == 1
         for pid in (0, 1, 2):
             assert await c.record_list(1, pid, 0, 10) == tuple(make_records(0, 2, pid))
-    finally:
-        await h.stop()
     assert sorted(syncs) == [0, 1, 2]  # closing the stores synced their files
 
 
 async def test_a_truncate_starts_a_new_generation_so_no_older_append_is_replayed_over_it(tmp_path: Path,
                                                                                          cluster_key) -> None:
-    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True, "io_threads": 1})
-    await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0], True)
-        c = await h.client()
+    replaced = make_records(3, 2, partition_id=2)
+    async with _journaled_node(tmp_path / "live", cluster_key, 0) as (_, c):
         await c.append(1, 0, make_records(0, 6))
         await c.truncate(2, 0, 2)
-        replaced = make_records(3, 2, partition_id=2)
         await c.append(2, 0, replaced)
         entries = read_journal(tmp_path / "live" / JOURNAL_DIRECTORY / "io-0.wal")[0]
         assert [(e.first_transaction_id, e.count) for e in entries] == [(3, 2)]
         shutil.copytree(tmp_path / "live", tmp_path / "crashed")
-    finally:
-        await h.stop()
-    after = NodeHarness(tmp_path / "crashed", cluster_key, node_options={"journal": True})
-    await after.start()
-    try:
-        c = await after.client()
+    async with _journaled_node(tmp_path / "crashed", cluster_key) as (_, c):
         assert list(await c.record_list(3, 0, 0, 100)) == make_records(0, 3) + replaced
-    finally:
-        await after.stop()
 
 
 async def test_checkpoints_keep_the_journal_bounded(tmp_path: Path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1,
-                                                         "journal_checkpoint_bytes": 4096})
-    node = await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0], True)
-        c = await h.client()
+    async with _journaled_node(tmp_path, cluster_key, 0, journal_checkpoint_bytes=4096) as (node, c):
         for first in range(0, 200, 10):
             await c.append(1, 0, make_records(first, 10))
         journal = node.io_threads[0].journal
         assert journal is not None and journal.generation > 3  # it checkpointed several times
         assert journal.position < 4096 + 10_000
         assert list(await c.record_list(1, 0, 0, 1000)) == make_records(0, 200)
-    finally:
-        await h.stop()
 
 
 async def test_a_failed_journal_write_fails_the_appends_and_the_node_refuses_until_a_restart(
         tmp_path: Path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1})
-    node = await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0], True)
-        c = await h.client()
+    async with _journaled_node(tmp_path, cluster_key, 0) as (node, c):
         await c.append(1, 0, make_records(0, 2))
         journal = node.io_threads[0].journal
         assert journal is not None
@@ -374,19 +350,12 @@ async def test_a_failed_journal_write_fails_the_appends_and_the_node_refuses_unt
         journal.append = broken  # type: ignore[method-assign]
         with pytest.raises(StorageError, match="journal write failed"):
             await c.append(1, 0, make_records(2, 2))
-        c2 = await h.client()
         with pytest.raises(StorageError, match="restart the storage node"):
-            await c2.max_transaction_id(1, 0)
-    finally:
-        await h.stop()
+            await c.max_transaction_id(1, 0)
     # The restart replays what the journal held: the acknowledged records are there.
-    node = await h.start()
-    try:
-        c = await h.client()
+    async with _journaled_node(tmp_path, cluster_key) as (_, c):
         assert (await c.max_transaction_id(1, 0)) >= 1
         assert list(await c.record_list(1, 0, 0, 2)) == make_records(0, 2)
-    finally:
-        await h.stop()
 
 
 def test_the_storage_journal_keys_are_in_the_config() -> None:
@@ -398,51 +367,29 @@ def test_the_storage_journal_keys_are_in_the_config() -> None:
 
 async def test_a_node_makes_a_partition_that_cannot_be_replayed_unavailable_and_serves_the_others(
         tmp_path: Path, cluster_key) -> None:
-    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True, "io_threads": 1,
-                                                                  "journal_checkpoint_bytes": 1 << 30})
-    node = await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0, 1], True)
-        c = await h.client()
+    async with _journaled_node(tmp_path / "live", cluster_key, 0, 1, journal_checkpoint_bytes=1 << 30) as (node, c):
         await c.append(1, 0, make_records(0, 3))
-        journal = node.io_threads[0].journal
-        assert journal is not None
         await node.workers[0].call(node.io_threads[0].checkpoint)  # records 0..2 of partition 0 are synced
         await c.append(1, 0, make_records(3, 2))
         await c.append(1, 1, make_records(0, 2, 1))
         shutil.copytree(tmp_path / "live", tmp_path / "crashed")
-    finally:
-        await h.stop()
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)  # the disk lost synced records too
     _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=0)
-    after = NodeHarness(tmp_path / "crashed", cluster_key, node_options={"journal": True})
-    node = await after.start()
-    try:
+    async with _journaled_node(tmp_path / "crashed", cluster_key) as (node, c):
         failed = [r for r in node.repairs if r.action == "journal replay failed"]
         assert [r.partition_id for r in failed] == [0] and "recover-partition" in failed[0].detail
-        c = await after.client()
         with pytest.raises(PartitionNotFoundError, match="not available"):
             await c.max_transaction_id(2, 0)
         assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 2, 1)
-    finally:
-        await after.stop()
 
 
 async def test_offline_recovery_opens_a_crashed_directory_with_its_journal_replayed(tmp_path: Path,
                                                                                    cluster_key) -> None:
     from waltz_core.storage.recovery import PartitionRebuild
 
-    h = NodeHarness(tmp_path / "live", cluster_key, node_options={"journal": True})
-    await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0], True)
-        c = await h.client()
+    async with _journaled_node(tmp_path / "live", cluster_key, 0) as (_, c):
         await c.append(1, 0, make_records(0, 6))
         shutil.copytree(tmp_path / "live", tmp_path / "crashed")
-    finally:
-        await h.stop()
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=2)
     rebuild = PartitionRebuild(SegmentedLayout(tmp_path / "crashed"), cluster_key, NUM_PARTITIONS, tmp_path / "aside")
     rebuild.open()
@@ -458,34 +405,17 @@ async def test_offline_recovery_opens_a_crashed_directory_with_its_journal_repla
 
 async def test_groups_split_by_max_batch_records_share_the_round_journal_write_until_another_request(
         tmp_path: Path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key, node_options={"journal": True, "io_threads": 1, "max_batch_records": 2})
-    node = await h.start()
-    try:
-        admin = await h.admin()
-        await admin.set_assignment([0], True)
-        journal = node.io_threads[0].journal
-        assert journal is not None
-        writes: list[list[tuple[int, int]]] = []
-        append = journal.append
-        journal.append = lambda entries: (writes.append([(e[1], e[2]) for e in entries]), append(entries))[1]  # type: ignore[method-assign]
-        c = await h.client()
-        worker = node.workers[0]
-        gate = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
-        await asyncio.sleep(0.05)  # what is queued now is one batch of the next round
-        calls = [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (0, 2, 4)]
-        await asyncio.sleep(0.02)
-        calls.append(asyncio.ensure_future(c.max_transaction_id(1, 0)))
-        await asyncio.sleep(0.02)
-        calls += [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (6, 8)]
-        await asyncio.sleep(0.1)
-        gate.set()
-        await blocker
+    async with _journaled_node(tmp_path, cluster_key, 0, max_batch_records=2) as (node, c):
+        writes = _record_calls(node.io_threads[0].journal, lambda entries: [(e[1], e[2]) for e in entries])
+        async with io_thread_blocked(node.workers[0]):  # what is queued meanwhile is one batch of the next round
+            calls = [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (0, 2, 4)]
+            await asyncio.sleep(0.02)
+            calls.append(asyncio.ensure_future(c.max_transaction_id(1, 0)))
+            await asyncio.sleep(0.02)
+            calls += [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (6, 8)]
+            await asyncio.sleep(0.1)
         results = await asyncio.gather(*calls)
         # Three groups of 2 (max_batch_records), journaled together before the read; the two after it with the round.
         assert writes == [[(0, 2), (2, 2), (4, 2)], [(6, 2), (8, 2)]]
         assert results[3] == 5  # the read saw the three groups, durable
         assert list(await c.record_list(1, 0, 0, 100)) == make_records(0, 10)
-    finally:
-        await h.stop()

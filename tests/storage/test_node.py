@@ -27,10 +27,10 @@ from waltz_core.errors import (
 from waltz_core.protocol import STORAGE
 from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
-from waltz_core.storage.node import PartitionWorker, StorageNode, _Item
+from waltz_core.storage.node import StorageNode, _Item
 from waltz_core.transport.channel import MessageChannel
 
-from .conftest import NodeHarness, make_record, make_records
+from .conftest import NodeHarness, io_thread_blocked, make_record, make_records
 
 
 async def _ready(h: NodeHarness, *partitions: int) -> None:
@@ -49,21 +49,6 @@ async def _started_node(tmp_path: Path, cluster_key: uuid.UUID, *ready: int,
         yield h, node
     finally:
         await h.stop()
-
-
-@contextlib.asynccontextmanager
-async def _io_thread_blocked(worker: PartitionWorker) -> AsyncIterator[None]:
-    """The I/O thread of ``worker`` stays inside one round (a call waiting on the loop) until the
-    block ends; what is queued meanwhile waits for the next round."""
-    gate = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))
-    await asyncio.sleep(0.05)  # the thread is inside the blocker's round
-    try:
-        yield
-    finally:
-        gate.set()
-        await blocker
 
 
 async def test_the_ten_requests(harness: NodeHarness) -> None:
@@ -243,7 +228,7 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
     async with _started_node(tmp_path, cluster_key, 0, io_threads=2) as (h, node):
         worker = node.workers[0]
         c = await h.client()
-        async with _io_thread_blocked(worker):  # requests pile up in the partition's bounded queue
+        async with io_thread_blocked(worker):  # requests pile up in the partition's bounded queue
             tasks = [asyncio.ensure_future(c.append(1, 0, [make_record(t)])) for t in range(node.queue_size + 20)]
             await asyncio.sleep(0.2)
             assert worker.queue.qsize() == node.queue_size  # full: the connection is no longer read
@@ -362,7 +347,7 @@ async def test_one_io_thread_writes_every_partition_of_a_round_before_it_syncs_a
             store.write_validated = recording_write  # type: ignore[attr-defined]
             store.sync_written = recording_sync  # type: ignore[attr-defined]
         c = await h.client()
-        async with _io_thread_blocked(node.workers[0]):
+        async with io_thread_blocked(node.workers[0]):
             appends = [asyncio.ensure_future(c.append(1, pid, make_records(0, 2, pid))) for pid in (0, 1, 2)]
             await asyncio.sleep(0.1)
             assert not any(a.done() for a in appends)

@@ -51,6 +51,7 @@ import attrs
 
 from ..errors import ProtocolError, StorageCorruptionError, StorageError
 from ..protocol.wire import RecordBatch
+from .files import fsync_dir
 from .format import FLAG_AVAILABLE, PartitionInfo
 from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
@@ -147,15 +148,7 @@ def create_journal_file(path: Path) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def read_journal(path: Path) -> tuple[list[JournalEntry], str | None]:

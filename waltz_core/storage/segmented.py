@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
+from .files import fsync_dir
 from .format import (
     CHECKPOINT_OFFSET,
     CONTROL_FILE_NAME,
@@ -132,14 +133,6 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _offsets_to_bytes(values: array[int]) -> bytes:
@@ -322,7 +315,7 @@ class SegmentedPartition:
                 os.unlink(data_path)
                 if index_path.exists():
                     os.unlink(index_path)
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
                 self._repair(data_path, "removed empty segment", "its header was never completely written (crash while creating it)")
                 return None
             self._check_header(seg, head, "data file")
@@ -499,7 +492,7 @@ class SegmentedPartition:
         _pwrite_all(seg.data_fd, hdr, 0)
         os.fdatasync(seg.data_fd)
         seg.index_fd = self._create_index_file(seg)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         return seg
 
     def _roll(self) -> None:
@@ -603,7 +596,7 @@ class SegmentedPartition:
                     os.unlink(p)
             removed = True
         if removed:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         self._tail = None
         if not self._firsts:
             return
@@ -853,7 +846,7 @@ class SegmentedLayout:
         finally:
             os.close(fd)
         os.replace(tmp, self.control_path)
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
 
     def _check_partition(self, partition_id: int) -> None:
         if not 0 <= partition_id < self.header.num_partitions:
@@ -932,7 +925,7 @@ class SegmentedLayout:
         path = self.partition_directory(partition_id)
         if path.exists():
             shutil.rmtree(path)
-            _fsync_dir(self._root)
+            fsync_dir(self._root)
 
     def quarantine(self, partition_id: int | None, into: Path, *, copy: bool = False) -> list[str]:
         from .recovery import quarantine_paths
@@ -947,7 +940,7 @@ class SegmentedLayout:
                 self._current.pop(partition_id, None)
             paths = [self.partition_directory(partition_id)]
         moved = quarantine_paths(paths, Path(into), copy=copy)
-        _fsync_dir(self._root)
+        fsync_dir(self._root)
         return moved
 
     def repairs(self) -> list[Repair]:
