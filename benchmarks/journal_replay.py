@@ -1,11 +1,13 @@
-"""How long a storage node's start takes to replay a full node journal after an unclean stop.
+"""How long a storage node's start takes to replay a full node journal after an unclean stop,
+and how long the checkpoint of a full journal takes.
 
     python benchmarks/journal_replay.py                      # 64 MiB, 4 partitions
     python benchmarks/journal_replay.py --megabytes 16 --partitions 64
 
 Writes journaled rounds as a node does (every partition's batch into its data file without a
 sync, the round into the journal with one fdatasync) until the journal holds ``--megabytes``,
-then times :func:`~waltz_core.storage.journal.replay_journals` twice on copies of that journal:
+then times the checkpoint (every partition file synced: the round waits for it in a node), then
+:func:`~waltz_core.storage.journal.replay_journals` twice on copies of that journal:
 against partition files that hold every record (a node whose page cache reached the disk: only
 checks), and against files cut back to their headers (a power loss took everything since the last
 checkpoint: every record is written again). Prints both times.
@@ -53,8 +55,17 @@ def _write(directory: Path, key: uuid.UUID, partitions: int, batch: int, megabyt
             entries.append((pid, first, batch, bytes(b.data)))
         journal.append(entries)
         records += batch * partitions
+    # The checkpoint a node's I/O thread makes when the journal is full: every partition's file
+    # synced (what was written since its last sync), then the next generation.
+    start = time.perf_counter()
     for store in stores:
-        store.close()  # syncs the data files: the intact case
+        store.start_writeback()  # as IoThread.checkpoint: every file's writes under way first
+    for store in stores:
+        store.sync_written()
+    elapsed = time.perf_counter() - start
+    print(f"checkpoint: {partitions} partition files synced in {elapsed * 1000:.1f} ms")
+    for store in stores:
+        store.close()  # the intact case below: every record is in the partition files
     journal.close()
     layout.close()
     return records

@@ -110,7 +110,12 @@ class DeferredSyncStore(Protocol):
         :meth:`sync_written` only at checkpoints, so the store need not hurry their writeback."""
 
     def sync_written(self) -> None:
-        """Make everything written durable (one fdatasync), as ``append_validated`` would have."""
+        """Make everything written durable (one fdatasync), as ``append_validated`` would have.
+
+        Optional, outside this protocol: ``start_writeback()``, which starts writing what
+        ``sync_written`` would make durable without waiting; a node's journal checkpoint calls it
+        for every partition before it syncs the first (measured: 64 partition files synced in
+        22-25 ms instead of 33-34)."""
 
 
 @runtime_checkable

@@ -548,6 +548,14 @@ class SegmentedPartition:
         tail.data_end = start + len(records)
         tail.offsets.extend(array("q", [start + offset for offset in offsets]))
 
+    def start_writeback(self) -> None:
+        """Start writing what :meth:`sync_written` would make durable, without waiting (a node's
+        journal checkpoint starts it for every partition first, so their writes overlap)."""
+        tail = self._tail
+        if self._unsynced and tail is not None:
+            start = self._synced_end[0]
+            start_writeback(tail.data_fd, start, tail.data_end - start)
+
     def sync_written(self) -> None:
         """Make the written records durable: one fdatasync of the data file, then (every
         ``index_checkpoint_interval`` records) the index checkpoint, which never counts records
