@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from waltz_core.storage.journal import journal_generation, journal_paths
 from waltz_core.testing import sabotage
 from waltz_core.testing.faults import ClusterProcesses, CrashMode, crash_lose_unsynced, sync_journal_env
 from waltz_core.testing.smoketest import SmokeOptions, run_smoketest
@@ -105,11 +106,15 @@ def _power_loss(journal: Path, crashed: list[Any]) -> Any:
     return hook
 
 
-@pytest.mark.parametrize("unsafe", [True, False], ids=["no-fsync-caught", "fsync-survives"])
-async def test_power_loss_of_every_replica(unsafe: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("unsafe", "checkpoint_bytes"), [(True, None), (False, None), (False, 16384)],
+                         ids=["no-fsync-caught", "fsync-survives", "fsync-survives-journal-checkpoints"])
+async def test_power_loss_of_every_replica(unsafe: bool, checkpoint_bytes: int | None, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     journal = tmp_path / "sync-journal.jsonl"
     for k, v in sync_journal_env(journal).items():
         monkeypatch.setenv(k, v)
+    if checkpoint_bytes is not None:  # the node journals checkpoint (and start over) every few rounds
+        monkeypatch.setenv("WALTZ_STORAGE_JOURNAL_CHECKPOINT_BYTES", str(checkpoint_bytes))
     warning = _sabotage(monkeypatch, "no-fsync") if unsafe else None
     crashed: list[Any] = []
     result = await run_smoketest(SmokeOptions(tmp_path / "run", duration=60.0, clients=2, partitions=2, servers=1),
@@ -126,3 +131,7 @@ async def test_power_loss_of_every_replica(unsafe: bool, tmp_path: Path, monkeyp
         # With the node journal (the default) the segments are synced only at checkpoints: the power
         # loss took their tails, and the journal's replay at restart had to put them back.
         assert any(str(effect.path).endswith(".seq") and effect.size_after < effect.size_before for effect in crashed), crashed
+        if checkpoint_bytes is not None:  # the power loss came after many checkpoints, in the middle of a generation
+            storage_dir = tmp_path / "run" / "cluster" / "storage-0"
+            generations = [journal_generation(p) for p in journal_paths(storage_dir)]
+            assert generations and max(generations) > 20, generations

@@ -190,6 +190,15 @@ def read_journal(path: Path) -> tuple[list[JournalEntry], str | None]:
         os.close(fd)
 
 
+def journal_generation(path: Path) -> int:
+    """The generation a journal file is in (each checkpoint, and each opening, starts the next)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _read_generation(fd, path)[0]
+    finally:
+        os.close(fd)
+
+
 def journal_paths(directory: str | os.PathLike[str]) -> list[Path]:
     """The journal files of a storage directory, in name order."""
     root = Path(directory) / JOURNAL_DIRECTORY
