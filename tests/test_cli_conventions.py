@@ -177,8 +177,11 @@ def test_disk_tools_refuse_junk_files_and_change_nothing(tmp_path: Path) -> None
     one_line_error(waltz("disk", "segment-stats", str(segment)), f"{segment}: not a Waltz segment")
     one_line_error(waltz("disk", "dump-control-file", str(control)), f"{control}: not a Waltz control file")
     assert waltz("disk", "verify-segment", str(segment)).returncode == 1
-    assert segment.read_bytes() == junk and control.read_bytes() == junk
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000000000000000.seq", "waltz-storage.ctl"]
+    journal = tmp_path / "io-0.wal"
+    journal.write_bytes(junk)
+    one_line_error(waltz("disk", "dump-journal", str(journal)), f"{journal}: not a Waltz node journal")
+    assert segment.read_bytes() == junk and control.read_bytes() == junk and journal.read_bytes() == junk
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000000000000000.seq", "io-0.wal", "waltz-storage.ctl"]
 
 
 # ------------------------------------------------------------------------------ flags

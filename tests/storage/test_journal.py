@@ -95,9 +95,15 @@ def test_a_torn_header_slot_falls_back_to_the_other_and_two_are_refused(tmp_path
         f.write(b"\xff" * 8)
     entries, _ = read_journal(path)
     assert entries == []  # the entries carry the newer generation: stale for the older header
-    with open(path, "r+b") as f:
-        f.write(b"\xff" * 64)
+    with open(path, "r+b") as f:  # both slots torn after their magic: a damaged journal
+        for slot in (0, 32):
+            f.seek(slot + 8)
+            f.write(b"\xff" * 8)
     with pytest.raises(StorageCorruptionError, match="header slots"):
+        read_journal(path)
+    with open(path, "r+b") as f:  # no header at all: not a journal
+        f.write(b"\xff" * 64)
+    with pytest.raises(StorageCorruptionError, match="not a Waltz node journal"):
         read_journal(path)
 
 
@@ -419,3 +425,31 @@ async def test_groups_split_by_max_batch_records_share_the_round_journal_write_u
         assert writes == [[(0, 2), (2, 2), (4, 2)], [(6, 2), (8, 2)]]
         assert results[3] == 5  # the read saw the three groups, durable
         assert list(await c.record_list(1, 0, 0, 100)) == make_records(0, 10)
+
+
+def test_waltz_disk_dump_journal_lists_what_a_start_would_replay(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=1 << 20)
+    journal.append([_entry(0, 3), _entry(0, 2, partition_id=1)])
+    end_of_first = journal.position
+    journal.append([_entry(3, 4)])
+    journal.close()
+    with open(path, "r+b") as f:  # the last entry torn
+        f.seek(end_of_first + 40)
+        f.write(b"\xff\xff")
+
+    def dump(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "waltz_core.cli", "disk", "dump-journal", str(path), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    out = dump("--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [(e["partition"], e["first"], e["last"]) for e in report["entries"]] == [(0, 0, 2), (1, 0, 1)]
+    assert "checksum" in report["stopped"] and report["generation"] >= 2
+    text = dump()
+    assert "2 entries, 5 records" in text.stdout and "reading stopped early" in text.stdout

@@ -173,6 +173,9 @@ def test_disk_tools_on_a_stopped_node(storage_process: StorageProcess) -> None:
     assert "cluster key" in dump.stdout and str(sp.key) in dump.stdout
     ctl = disk("dump-control-file", str(data / "waltz-storage.ctl"))
     assert str(sp.key) in ctl.stdout and "assigned,available" in ctl.stdout
+    journal = disk("dump-journal", str(data / "journal" / "io-0.wal"), "--json")
+    assert journal.returncode == 0, journal.stderr
+    assert json.loads(journal.stdout)["entries"] == []  # a clean stop synced the partition files
     raw = bytearray(segment.read_bytes())
     raw[200] ^= 0xFF
     segment.write_bytes(bytes(raw))

@@ -110,6 +110,11 @@ def _read_generation(fd: int, path: Path) -> tuple[int, int]:
     raw = os.pread(fd, 2 * _SLOT_SIZE, 0)
     slots = [_decode_slot(raw[:_SLOT_SIZE]), _decode_slot(raw[_SLOT_SIZE:])]
     valid = [(g, i) for i, g in enumerate(slots) if g is not None]
+    if not valid and not raw.startswith(MAGIC) and raw[_SLOT_SIZE:_SLOT_SIZE + 4] != MAGIC:
+        raise StorageCorruptionError(
+            f"{path}: not a Waltz node journal (no journal header); if it is one, it may hold acknowledged records "
+            f"that are not in the partition files yet: move the journal directory aside and recover every "
+            f"partition of this node from other replicas (docs/operations.md, \"A corrupt node journal\")")
     if not valid:
         raise StorageCorruptionError(
             f"{path}: both journal header slots fail their checksums; the journal may hold acknowledged records "
