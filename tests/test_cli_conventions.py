@@ -80,12 +80,12 @@ def test_a_port_out_of_range_is_one_line_from_file_flag_and_environment(tmp_path
     assert not (tmp_path / "data").exists()  # nothing created on disk
 
 
-@pytest.mark.parametrize(("value", "message"), [("0", "must be 1 or more, got 0"),
+@pytest.mark.parametrize(("value", "message"), [("-1", "must be 0 or more, got -1"),
                                                 ("two", "expected an integer, got 'two'")])
 def test_storage_io_threads_out_of_range_is_one_line_from_file_and_environment(tmp_path: Path, value: str,
                                                                               message: str) -> None:
     storage = tmp_path / "storage.toml"
-    literal = value if value.isdigit() else f'"{value}"'
+    literal = value if value.lstrip("-").isdigit() else f'"{value}"'
     storage.write_text(f"[storage]\nio_threads = {literal}\ndirectory = '{tmp_path / 'data'}'\n")
     one_line_error(waltz("storage", "start", "--config", str(storage)), f"{storage}: storage.io_threads: {message}")
     one_line_error(waltz("config", "check", str(storage)), f"storage.io_threads: {message}")

@@ -167,8 +167,10 @@ class StorageNodeConfig:
     io_threads: int = key(1, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions, each "
                              "with its own journal; a partition always uses the same one. More threads overlap the "
                              "fdatasyncs of different partitions at the cost of thread switches and, with the "
-                             "journal, of one fdatasync per thread and round (docs/performance.md).",
-                          validator=AT_LEAST_ONE)
+                             "journal, of one fdatasync per thread and round. 0: the file work runs on the event "
+                             "loop (least CPU; a slow disk then stalls the node's network handling too; "
+                             "docs/performance.md).",
+                          validator=NON_NEGATIVE)
     journal: bool = key(True, "Make the appends of every partition an I/O thread handles in one round durable with one "
                               "write and one fdatasync of a node journal (storage-dir/journal/); the partition files "
                               "are synced at checkpoints. Off: one fdatasync per partition batch. A journal left by "

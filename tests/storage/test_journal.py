@@ -453,3 +453,19 @@ def test_waltz_disk_dump_journal_lists_what_a_start_would_replay(tmp_path: Path)
     assert "checksum" in report["stopped"] and report["generation"] >= 2
     text = dump()
     assert "2 entries, 5 records" in text.stdout and "reading stopped early" in text.stdout
+
+
+async def test_rounds_on_the_event_loop_journal_and_replay_like_a_thread(tmp_path: Path, cluster_key) -> None:
+    async with _journaled_node(tmp_path / "live", cluster_key, 0, 1, io_threads=0) as (node, c):
+        assert [type(io).__name__ for io in node.io_threads] == ["LoopRounds"]
+        rounds = _record_calls(node.io_threads[0].journal, lambda entries: sorted({e[0] for e in entries}))
+        await asyncio.gather(c.append(1, 0, make_records(0, 4)), c.append(1, 1, make_records(0, 3, 1)))
+        assert rounds == [[0, 1]]  # both partitions' appends, read in one loop iteration, share a round
+        await c.append(1, 0, make_records(4, 2))
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)
+    _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=0)
+    async with _journaled_node(tmp_path / "crashed", cluster_key, io_threads=0) as (node, c):
+        assert {r.partition_id for r in node.repairs if r.action == "replayed journal"} == {0, 1}
+        assert list(await c.record_list(2, 0, 0, 100)) == make_records(0, 6)
+        assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 3, 1)

@@ -239,11 +239,11 @@ async def test_back_pressure_bounded_partition_queue(tmp_path, cluster_key) -> N
         assert await c.max_transaction_id(1, 0) == node.queue_size + 19
 
 
-@pytest.mark.parametrize("io_threads", [1, 3, 4])
+@pytest.mark.parametrize("io_threads", [0, 1, 3, 4])
 async def test_a_queue_of_one_under_many_connections_loses_no_wake_up(tmp_path, cluster_key, io_threads: int) -> None:
     # Appends pipelined 5 deep on each of 4 connections (one per partition) into queues of one:
     # most puts wait for their I/O thread to take the queue, and the threads serve 4, 2 or 1
-    # partitions each. A wake-up missed between the loop and a thread (a queue or a doorbell)
+    # partitions each (0: the rounds run on the event loop). A wake-up missed between the loop and a thread (a queue or a doorbell)
     # would hang an append (and time the test out).
     async with _started_node(tmp_path, cluster_key, 0, 1, 2, 3, queue_size=1, io_threads=io_threads) as (h, _):
         clients = [await h.client() for _ in range(4)]
@@ -284,8 +284,9 @@ async def test_a_bug_in_a_batch_fails_its_requests_and_the_partition_goes_on(har
     assert await c.record_list(1, 0, 0, 10) == tuple(make_records(0, 2))
 
 
-async def test_close_answers_or_drops_queued_work_without_hanging(tmp_path, cluster_key) -> None:
-    h = NodeHarness(tmp_path, cluster_key)
+@pytest.mark.parametrize("io_threads", [0, 1])
+async def test_close_answers_or_drops_queued_work_without_hanging(tmp_path, cluster_key, io_threads: int) -> None:
+    h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": io_threads})
     await h.start()
     await _ready(h, 0, 1)
     c = await h.client()

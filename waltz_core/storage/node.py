@@ -1,7 +1,7 @@
 """The storage node: serves the ten storage requests and the admin port over a layout.
 
 Threading: connection handlers run on the event loop; every file operation runs on one of
-``io_threads`` I/O threads, and each partition always on the same one (partition id modulo the
+``io_threads`` I/O threads (0: on the event loop itself, :class:`LoopRounds`), and each partition always on the same one (partition id modulo the
 thread count), so one partition's requests are handled in arrival order, by one thread. A
 connection handler puts a decoded request straight into its partition's queue (no task in
 between) and rings the partition's I/O thread; the thread takes everything queued for every
@@ -357,6 +357,52 @@ class IoThread:
         except OSError as exc:
             log.warning("%s: could not empty the journal at stop (it is replayed at start): %s", self.name, exc)
         journal.close()
+
+
+class LoopRounds(IoThread):
+    """``io_threads = 0``: the rounds run on the event loop itself, no I/O thread.
+
+    A partition that rings schedules one round for the loop's next iteration, which takes what
+    every partition that rang has queued, like a thread's round, and answers at once. This saves
+    the hand-offs between the loop and a thread (a wake-up each way and the GIL) per round; the
+    price is that the loop does nothing else while the round writes and waits for its fdatasync,
+    so a slow or hung disk also stalls this node's network handling, admin port and metrics.
+    """
+
+    def __init__(self, node: StorageNode, index: int) -> None:
+        super().__init__(node, index)
+        self.name = "storage-loop-rounds"
+        self._scheduled = False
+        self._running = False
+
+    def ring(self, worker: PartitionWorker) -> None:
+        if not worker.rung:
+            worker.rung = True
+            self._doorbell.put(worker)
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._round)
+
+    def _round(self) -> None:
+        self._scheduled = False
+        doorbell = self._doorbell
+        rang = [doorbell.get_nowait() for _ in range(doorbell.qsize())]
+        if rang:
+            replies, _stop = self.run_round(rang)
+            self.node.deliver(replies)
+
+    def start(self) -> None:
+        self._running = True
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def stop(self) -> None:
+        if self._running:
+            self._round()  # what rang since the last one
+            self._running = False
+            self._close_journal()
 
 
 class PartitionWorker:
@@ -835,8 +881,8 @@ class StorageNode:
                  max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 1,
                  journal: bool = True, journal_checkpoint_bytes: int = 64 * 1024 * 1024,
                  metrics: MetricsRegistry | None = None, name: str = "storage") -> None:
-        if io_threads < 1:
-            raise ValueError(f"io_threads must be at least 1, got {io_threads}")
+        if io_threads < 0:
+            raise ValueError(f"io_threads must be 0 (rounds on the event loop) or more, got {io_threads}")
         if journal_checkpoint_bytes < 1:
             raise ValueError(f"journal_checkpoint_bytes must be at least 1, got {journal_checkpoint_bytes}")
         self.journal = journal
@@ -850,7 +896,9 @@ class StorageNode:
         self.metrics = metrics or MetricsRegistry()
         self.name = name
         self.workers: list[PartitionWorker] = []
-        self.io_threads = [IoThread(self, i) for i in range(min(io_threads, max(1, num_partitions)))]
+        self.io_threads: list[IoThread] = (
+            [LoopRounds(self, 0)] if io_threads == 0
+            else [IoThread(self, i) for i in range(min(io_threads, max(1, num_partitions)))])
         self.repairs: list[Repair] = []
         #: "starting" until :meth:`start` opened every partition, "serving", then "stopping" from :meth:`close`
         self.state = "starting"
@@ -888,11 +936,16 @@ class StorageNode:
         self._delivery_scheduled = False
         pending = self._replies
         while pending:
-            for reply, response in pending.popleft():
-                try:
-                    reply(response)
-                except Exception:  # a reply sink of a closed connection; nothing to deliver to
-                    log.debug("dropping a reply", exc_info=True)
+            self.deliver(pending.popleft())
+
+    @staticmethod
+    def deliver(replies: Replies) -> None:
+        """Loop: hand each response to its reply sink."""
+        for reply, response in replies:
+            try:
+                reply(response)
+            except Exception:  # a reply sink of a closed connection; nothing to deliver to
+                log.debug("dropping a reply", exc_info=True)
 
     async def start(self) -> None:
         """Open the layout and every assigned partition (repairing torn tails), start the workers."""
