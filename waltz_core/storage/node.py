@@ -1,13 +1,15 @@
 """The storage node: serves the ten storage requests and the admin port over a layout.
 
 Threading: connection handlers run on the event loop; every file operation runs on one of
-``io_threads`` I/O threads (0: on the event loop itself, :class:`LoopRounds`), and each partition always on the same one (partition id modulo the
-thread count), so one partition's requests are handled in arrival order, by one thread. A
-connection handler puts a decoded request straight into its partition's queue (no task in
-between) and rings the partition's I/O thread; the thread takes everything queued for every
-partition that rang and handles it as one round: consecutive appends of a partition are written
-with one fdatasync (group commit, no fixed wait: the batch is whatever arrived while the
-previous round ran). The replies of a round go back to the loop in one hand-off, shared by every
+``io_threads`` I/O threads (0: on the event loop itself, :class:`LoopRounds`), and each
+partition always on the same one (partition id modulo the thread count), so one partition's
+requests are handled in arrival order, by one thread. A connection handler puts a decoded
+request straight into its partition's queue (no task in between) and rings the partition's I/O
+thread; the thread takes everything queued for every partition that rang and handles it as one
+round (group commit, no fixed wait: the batch is whatever arrived while the previous round ran).
+With the node journal (``journal``, :mod:`.journal`) every partition's appends of the round are
+written into its files and made durable by one journal write and fdatasync; without it each
+partition's appends get one fdatasync of their own. The replies of a round go back to the loop in one hand-off, shared by every
 thread that finished in the meantime (one loop wake-up, not one per batch), and the responses of
 one connection go out with one write. Fewer threads than partitions: every thread switch and
 GIL hand-off costs more CPU than the parallel fdatasyncs of many threads gain (measured in
