@@ -51,7 +51,7 @@ import attrs
 
 from ..errors import ProtocolError, StorageCorruptionError, StorageError
 from ..protocol.wire import RecordBatch
-from .files import fsync_dir
+from .files import fsync_dir, pwrite_all
 from .format import FLAG_AVAILABLE, PartitionInfo
 from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
@@ -64,12 +64,14 @@ MAGIC = b"WZJ1"
 VERSION = 1
 #: a header slot: magic, version, reserved, generation, CRC-32 of the fields before it
 _SLOT = struct.Struct("<4sHHQI")
+_SLOT_BODY = struct.Struct("<4sHHQ")
 _SLOT_SIZE = 32
 #: where entries start (the header slots fit in one sector)
 ENTRIES_START = 512
 #: an entry's head: CRC-32, generation, partition id, first transaction id, record count, byte count
 _HEAD = struct.Struct("<IQiqII")
 _HEAD_AFTER_CRC = struct.Struct("<QiqII")
+_CRC = struct.Struct("<I")
 #: buffers per pwritev (Linux allows 1024)
 _IOV_MAX = 1024
 #: the largest entry a reader believes (a head claiming more is garbage, not a record batch)
@@ -91,8 +93,8 @@ class JournalEntry:
 
 
 def _encode_slot(generation: int) -> bytes:
-    body = struct.pack("<4sHHQ", MAGIC, VERSION, 0, generation)
-    return _SLOT.pack(MAGIC, VERSION, 0, generation, zlib.crc32(body)).ljust(_SLOT_SIZE, b"\0")
+    body = _SLOT_BODY.pack(MAGIC, VERSION, 0, generation)
+    return (body + _CRC.pack(zlib.crc32(body))).ljust(_SLOT_SIZE, b"\0")
 
 
 def _decode_slot(raw: bytes) -> int | None:
@@ -124,20 +126,14 @@ def _read_generation(fd: int, path: Path) -> tuple[int, int]:
     return max(valid)
 
 
-def _pwrite_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int) -> int:
+def _pwritev_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int) -> int:
     """Write ``buffers`` at ``offset`` (one pwritev unless the kernel writes less); bytes written."""
     total = sum(len(b) for b in buffers)
     if len(buffers) > _IOV_MAX:  # a round of hundreds of partitions: one copy, one write
         buffers = [b"".join(buffers)]
     written = os.pwritev(fd, buffers, offset)
     if written < total:  # short write (a signal, a full disk): finish it from a joined copy
-        rest = memoryview(b"".join(buffers))[written:]
-        while rest:
-            n = os.pwrite(fd, rest, offset + written)
-            if n <= 0:
-                raise OSError(f"pwrite wrote {n} bytes")
-            written += n
-            rest = rest[n:]
+        pwrite_all(fd, memoryview(b"".join(buffers))[written:], offset + written)
     return total
 
 
@@ -148,7 +144,7 @@ def create_journal_file(path: Path) -> None:
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         slot = _encode_slot(1)
-        _pwrite_all(fd, [slot, slot, bytes(ENTRIES_START - 2 * _SLOT_SIZE)], 0)
+        pwrite_all(fd, slot + slot + bytes(ENTRIES_START - 2 * _SLOT_SIZE), 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -250,13 +246,13 @@ class NodeJournal:
         and make them durable with one fdatasync."""
         gen = self.generation
         buffers: list[bytes | memoryview] = []
-        pack = _HEAD_AFTER_CRC.pack
+        pack, pack_crc = _HEAD_AFTER_CRC.pack, _CRC.pack
         crc32 = zlib.crc32
         for pid, first, count, data in entries:
             rest = pack(gen, pid, first, count, len(data))
-            buffers.append(struct.pack("<I", crc32(data, crc32(rest))) + rest)
+            buffers.append(pack_crc(crc32(data, crc32(rest))) + rest)
             buffers.append(data)
-        self._position += _pwrite_all(self._fd, buffers, self._position)
+        self._position += _pwritev_all(self._fd, buffers, self._position)
         os.fdatasync(self._fd)
 
     def reset(self) -> None:

@@ -294,8 +294,7 @@ class IoThread:
                 worker.finish(group, replies)
             return
         if self.journal_error is not None:
-            err = StorageError(f"the node journal failed ({self.journal_error}); restart the storage node "
-                               f"to replay it")
+            err = self.journal_failure()
             for worker, group in groups:
                 worker.refuse_group(group, err, replies)
             return
@@ -324,8 +323,7 @@ class IoThread:
         if journal is None:
             return
         if self.journal_error is not None:
-            raise StorageError(f"the node journal failed ({self.journal_error}); restart the storage node to "
-                               f"replay it")
+            raise self.journal_failure()
         started = time.perf_counter()
         try:
             dirty = list(self.dirty)
@@ -340,6 +338,12 @@ class IoThread:
         except Exception as exc:
             self.fail_journal(exc)
             raise StorageError(f"journal checkpoint failed: {exc}") from exc
+
+    def journal_failure(self, partition_id: int | None = None) -> StorageError:
+        """What every append (and, from a partition's check, every request) gets once the journal is in doubt."""
+        where = f"partition {partition_id}: " if partition_id is not None else ""
+        return StorageError(f"{where}the node journal failed ({self.journal_error}); restart the storage node to "
+                            f"replay it")
 
     def fail_journal(self, exc: BaseException) -> None:
         if self.journal_error is None:
@@ -634,8 +638,7 @@ class PartitionWorker:
             try:
                 assert store is not None
                 if self.io.journal_error is not None:
-                    raise StorageError(f"the node journal failed ({self.io.journal_error}); restart the storage "
-                                       f"node to replay it")
+                    raise self.io.journal_failure()
                 group.first = store.max_transaction_id + 1
                 group.joined = data = group.data()
                 cast(DeferredSyncStore, store).write_validated(data, group.offsets, lazy_writeback=True)
@@ -702,8 +705,7 @@ class PartitionWorker:
             raise type(self.error)(str(self.error))
         if self.io.journal_error is not None:
             # A checkpoint may have failed half-way: what the store holds in memory is in doubt.
-            raise StorageError(f"partition {pid}: the node journal failed ({self.io.journal_error}); restart the "
-                               f"storage node to replay it")
+            raise self.io.journal_failure(pid)
         info = self.info
         if info is None or not info.assigned:
             raise PartitionNotFoundError(f"partition {pid} is not assigned to this storage node")

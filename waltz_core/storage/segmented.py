@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
 from .files import fsync_dir
+from .files import pwrite_all as _pwrite_all
 from .format import (
     CHECKPOINT_OFFSET,
     CONTROL_FILE_NAME,
@@ -81,14 +82,6 @@ _LITTLE = sys.byteorder == "little"
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
