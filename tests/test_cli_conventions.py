@@ -80,19 +80,25 @@ def test_a_port_out_of_range_is_one_line_from_file_flag_and_environment(tmp_path
     assert not (tmp_path / "data").exists()  # nothing created on disk
 
 
-@pytest.mark.parametrize(("value", "message"), [("-1", "must be 0 or more, got -1"),
-                                                ("two", "expected an integer, got 'two'")])
-def test_storage_io_threads_out_of_range_is_one_line_from_file_and_environment(tmp_path: Path, value: str,
-                                                                              message: str) -> None:
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("io_threads", "-1", "must be 0 or more, got -1"),
+    ("io_threads", "two", "expected an integer, got 'two'"),
+    ("journal_checkpoint_bytes", "0", "must be 1 or more, got 0"),
+    ("journal_checkpoint_bytes", "lots", "expected an integer, got 'lots'"),
+    ("journal", "maybe", "expected true or false, got 'maybe'"),
+])
+def test_storage_io_and_journal_keys_out_of_range_are_one_line_from_file_and_environment(
+        tmp_path: Path, key: str, value: str, message: str) -> None:
     storage = tmp_path / "storage.toml"
     literal = value if value.lstrip("-").isdigit() else f'"{value}"'
-    storage.write_text(f"[storage]\nio_threads = {literal}\ndirectory = '{tmp_path / 'data'}'\n")
-    one_line_error(waltz("storage", "start", "--config", str(storage)), f"{storage}: storage.io_threads: {message}")
-    one_line_error(waltz("config", "check", str(storage)), f"storage.io_threads: {message}")
+    storage.write_text(f"[storage]\n{key} = {literal}\ndirectory = '{tmp_path / 'data'}'\n")
+    one_line_error(waltz("storage", "start", "--config", str(storage)), f"{storage}: storage.{key}: {message}")
+    one_line_error(waltz("config", "check", str(storage)), f"storage.{key}: {message}")
     plain = tmp_path / "plain.toml"
     plain.write_text(f"[storage]\ndirectory = '{tmp_path / 'data'}'\n")
-    one_line_error(waltz("storage", "start", "--config", str(plain), env={"WALTZ_STORAGE_IO_THREADS": value}),
-                   f"environment variable WALTZ_STORAGE_IO_THREADS: storage.io_threads: {message}")
+    variable = f"WALTZ_STORAGE_{key.upper()}"
+    one_line_error(waltz("storage", "start", "--config", str(plain), env={variable: value}),
+                   f"environment variable {variable}: storage.{key}: {message}")
     assert not (tmp_path / "data").exists()  # nothing created on disk
 
 
