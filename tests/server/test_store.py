@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -11,9 +12,23 @@ from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
 from waltz_core.protocol.wire import Record, ReqId, crc32
 from waltz_core.server.recovery import Recovery
 from waltz_core.server.store import ReplicatedStore
-from waltz_core.testing.fake_storage import FakeReplica, MemoryMetadata, connector
+from waltz_core.testing.fake_storage import FakeReplica, MemoryMetadata, StreamingFakeReplica, connector
 
 pytestmark = pytest.mark.timeout(30)
+
+
+#: the replica class of the running test (set by the ``replica_kind`` fixture)
+Replica: type[FakeReplica] = FakeReplica
+
+
+@pytest.fixture(autouse=True, params=["task", "streaming"])
+def replica_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type[FakeReplica]:
+    """Every test runs twice: replica sessions driven by tasks (a replica API that only has the
+    async append) and streaming (a client with ``append_nowait``, like the storage client)."""
+    kind = FakeReplica if request.param == "task" else StreamingFakeReplica
+    monkeypatch.setattr(sys.modules[__name__], "Replica", kind)
+    return kind
+
 
 EPS = ["s1:1", "s2:1", "s3:1"]
 CONFIG = ServerConfig(initial_retry_interval=0.01, max_retry_interval=0.05, max_batch_size=10)
@@ -33,8 +48,9 @@ class Sink:
         self.committed = hwm
 
 
-def make(pid: int = 0) -> tuple[dict[str, FakeReplica], MemoryMetadata, ReplicatedStore, Sink]:
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+def make(pid: int = 0, kind: type[FakeReplica] | None = None,
+         ) -> tuple[dict[str, FakeReplica], MemoryMetadata, ReplicatedStore, Sink]:
+    replicas = {ep: (kind or Replica)(ep) for ep in EPS}
     meta = MemoryMetadata({pid: EPS})
     store = ReplicatedStore(pid, 0, meta, connector(replicas), CONFIG)
     return replicas, meta, store, Sink()
@@ -134,7 +150,7 @@ async def test_a_returning_replica_catches_up_and_is_identical() -> None:
 
 
 async def test_checkpoint_interval_rolls_over_to_a_new_session() -> None:
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     meta = MemoryMetadata({0: EPS})
     config = ServerConfig(initial_retry_interval=0.01, max_batch_size=10, checkpoint_interval=30)
     store = ReplicatedStore(0, 0, meta, connector(replicas), config)
@@ -163,7 +179,7 @@ async def seed_logs(replicas: dict[str, FakeReplica], counts: dict[str, int], se
 
 
 async def test_recovery_truncates_dirty_transactions_above_the_majority_mark() -> None:
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     await seed_logs(replicas, {"s1:1": 20, "s2:1": 30, "s3:1": 10})  # HA=19, HB=29, HC=9
     states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
     result = await Recovery(0, 1, EPS, states, connector(replicas)).run()
@@ -180,7 +196,7 @@ async def test_recovery_truncates_dirty_transactions_above_the_majority_mark() -
 
 
 async def test_recovery_with_b_offline_waits_until_c_catches_up_with_a() -> None:
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     await seed_logs(replicas, {"s1:1": 20, "s2:1": 30, "s3:1": 10})
     replicas["s2:1"].down = True
     states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
@@ -200,7 +216,7 @@ async def test_recovery_with_b_offline_waits_until_c_catches_up_with_a() -> None
 
 
 async def test_recovery_with_only_one_replica_reachable_waits() -> None:
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     await seed_logs(replicas, {"s1:1": 5, "s2:1": 5, "s3:1": 5})
     replicas["s2:1"].down = replicas["s3:1"].down = True
     recovery = Recovery(0, 1, EPS, {}, connector(replicas), retry_interval=0.01)
@@ -214,7 +230,7 @@ async def test_recovery_with_only_one_replica_reachable_waits() -> None:
 
 
 async def test_inconsistent_replica_is_truncated_to_its_own_low_water_mark() -> None:
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     await seed_logs(replicas, {"s1:1": 10, "s2:1": 10, "s3:1": 10}, session=3)
     # s3 holds a restored copy from session 1 with 25 records, low-water mark 4.
     s3 = replicas["s3:1"]
@@ -251,7 +267,7 @@ async def test_closing_a_partition_while_it_recovers_stops_everything() -> None:
 async def test_a_slow_replica_is_buffered_only_up_to_the_partitions_share_then_reads_from_peers() -> None:
     from waltz_core.server.store import ReplicationBudget
 
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     budget = ReplicationBudget(4096)
     budget.stores = 1  # another partition of the server holds a share: this one gets half
     store = ReplicatedStore(0, 0, MemoryMetadata({0: EPS}), connector(replicas), CONFIG, budget)
@@ -289,7 +305,7 @@ async def test_a_joining_replica_counts_for_the_quorum_only_once_the_metadata_sa
                 raise CoordinationError("coordination unreachable")  # the write that records the join
             await super().write_states(partition_id, generation, session_id, states)
 
-    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    replicas = {ep: Replica(ep) for ep in EPS}
     meta = RefusingJoins({0: EPS})
     store = ReplicatedStore(0, 0, meta, connector(replicas), CONFIG)
     sink = Sink()

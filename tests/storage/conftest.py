@@ -50,12 +50,14 @@ class NodeHarness:
     """A storage node on the memory transport that tests can stop and restart on the same directory."""
 
     def __init__(self, directory: Path, cluster_key: uuid.UUID, *, node_options: dict[str, Any] | None = None,
-                 **layout_options: Any) -> None:
+                 transport: Any = None, **layout_options: Any) -> None:
         self.directory = directory
         self.cluster_key = cluster_key
         self.layout_options = layout_options
         self.node_options = node_options or {}
-        self.transport = MemoryTransport(max_frame_size=1024 * 1024)
+        #: the memory transport unless given (its listen takes any host name; tcp needs 127.0.0.1)
+        self.transport = transport or MemoryTransport(max_frame_size=1024 * 1024)
+        self._host = "storage" if transport is None else "127.0.0.1"
         self.node: StorageNode | None = None
         self.data_listener: Any = None
         self.admin_listener: Any = None
@@ -66,8 +68,9 @@ class NodeHarness:
         self.node = StorageNode(layout, self.cluster_key, NUM_PARTITIONS, max_frame_size=self.transport.max_frame_size,
                                 **self.node_options)
         await self.node.start()
-        self.data_listener = await self.transport.listen("storage", 0, self.node.serve_data)
-        self.admin_listener = await self.transport.listen("storage-admin", 0, self.node.serve_admin)
+        self.data_listener = await self.transport.listen(self._host, 0, self.node.serve_data)
+        self.admin_listener = await self.transport.listen(
+            "storage-admin" if self._host == "storage" else self._host, 0, self.node.serve_admin)
         return self.node
 
     async def stop(self) -> None:

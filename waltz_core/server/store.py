@@ -86,7 +86,15 @@ class ReplicationBudget:
 
 
 class _ReplicaSession:
-    """Streams the session's records to one storage replica."""
+    """Streams the session's records to one storage replica.
+
+    Two modes. A task (:meth:`run`) catches a replica up: joining the session late, reading
+    from a peer what the session no longer buffers. Once the replica is clean and what it needs
+    next is buffered, and its client can append without awaiting (``append_nowait``), it
+    *streams*: the session sends the next batch when records arrive (one loop callback for all
+    the session's replicas) and the acknowledgement's callback sends the one after it; no task
+    wakes per batch. Both modes keep one append outstanding.
+    """
 
     def __init__(self, session: StoreSession, endpoint: str, api: ReplicaApi, start_mark: int, clean: bool) -> None:
         self.session = session
@@ -95,6 +103,11 @@ class _ReplicaSession:
         self.acked = start_mark  #: highest transaction id this replica holds
         self.clean = clean  #: at or beyond the session's start with its low-water mark set
         self.task: asyncio.Task[None] | None = None
+        #: the client's append that does not await, if it has one (streaming needs it)
+        self._append_nowait: Callable[[int, int, RecordBatch, Callable[[WaltzError | None], None]], None] | None = (
+            getattr(api, "append_nowait", None))
+        self.streaming = False
+        self._sending = -1  #: last transaction id of the append outstanding while streaming; -1: none
 
     async def run(self) -> None:
         s = self.session
@@ -112,6 +125,11 @@ class _ReplicaSession:
                     self.clean = True
                     s.on_ack()
                 cursor = self.acked + 1
+                if self.clean and self._append_nowait is not None and cursor >= s.buffer_first and not s.stopped:
+                    self.streaming = True  # from here on the session's callbacks send (see stream)
+                    s.streamers.append(self)
+                    self.stream()
+                    return
                 if cursor > s.last_assigned:
                     await s.wait_for_records(cursor)
                     continue
@@ -133,6 +151,54 @@ class _ReplicaSession:
         except Exception as exc:  # a bug in one replica session must reset the session, not hang it
             log.exception("partition %d: replica session %s crashed", pid, self.endpoint)
             s.replica_failed(self, exc)
+
+    def stream(self) -> None:
+        """Streaming: send what is buffered after the acknowledgement, unless an append is out."""
+        s = self.session
+        if self._sending >= 0 or s.stopped:
+            return
+        cursor = self.acked + 1
+        if cursor > s.last_assigned:
+            return  # idle: the session's next append schedules the pump
+        batch = s.buffered(cursor, s.config.max_batch_size)
+        if batch is None:
+            # Fell behind what the session buffers (a slow replica beyond its budget share):
+            # catch up from a peer in a task, then stream again.
+            self.streaming = False
+            s.streamers.remove(self)
+            self.task = asyncio.get_running_loop().create_task(self.run(), name=f"replica-p{s.partition_id}-{self.endpoint}")
+            return
+        self._sending = batch.last_transaction_id
+        assert self._append_nowait is not None
+        try:
+            self._append_nowait(s.session_id, s.partition_id, batch, self._appended)
+        except WaltzError as exc:
+            self._sending = -1
+            self.leave(exc)
+
+    def leave(self, exc: BaseException) -> None:
+        """A streaming replica failed: it sends nothing more in this session."""
+        if self.streaming:
+            self.streaming = False
+            self.session.streamers.remove(self)
+        self.session.replica_failed(self, exc)
+
+    def _appended(self, error: WaltzError | None) -> None:
+        s = self.session
+        acked, self._sending = self._sending, -1
+        if s.stopped:
+            return
+        if error is not None:
+            self.leave(error)
+            return
+        try:
+            self.acked = acked
+            if acked > s.committed:  # else this ack cannot move the commit (see on_ack)
+                s.on_ack()
+            self.stream()
+        except Exception as exc:  # as in run(): a bug resets the session instead of hanging it
+            log.exception("partition %d: replica session %s crashed", s.partition_id, self.endpoint)
+            self.leave(exc)
 
 
 def _backoff(config: ServerConfig) -> RetryPolicy:
@@ -181,6 +247,9 @@ class StoreSession:
         self._records_set = False  #: mirrors _records_event.is_set() (checked once per append)
         self._broken: BaseException | None = None
         self.rolling_over = False  #: draining before a checkpoint rollover to a new session
+        self.streamers: list[_ReplicaSession] = []  #: replicas in streaming mode
+        self._pump_scheduled = False
+        self.stopped = False
 
     # ----------------------------------------------------------------------------- appending
 
@@ -193,7 +262,20 @@ class StoreSession:
         if not self._records_set:
             self._records_set = True
             self._records_event.set()
+        if not self._pump_scheduled and self.streamers:
+            # After the appends of this loop step (they come in bursts): one batch per replica.
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
         return txn
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        for r in tuple(self.streamers):  # stream() may take a replica out of the list
+            try:
+                r.stream()
+            except Exception as exc:  # a bug resets the session instead of hanging it
+                log.exception("partition %d: replica session %s crashed", self.partition_id, r.endpoint)
+                r.leave(exc)
 
     async def wait_for_records(self, cursor: int) -> None:
         while self.last_assigned < cursor:
@@ -281,6 +363,10 @@ class StoreSession:
             self.store.session_broken(self, exc)
 
     async def stop(self) -> None:
+        self.stopped = True  # streaming replicas send nothing more; late acknowledgements are ignored
+        for r in self.streamers:
+            r.streaming = False
+        self.streamers.clear()
         tasks = [r.task for r in self.replicas.values() if r.task is not None]
         for t in tasks:
             t.cancel()

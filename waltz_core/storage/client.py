@@ -42,6 +42,9 @@ from ..transport.channel import MessageChannel
 
 log = logging.getLogger("waltz.storage.client")
 
+#: What :meth:`_Pipeline.request_nowait` calls with the answer: (response, None) or (None, error).
+ResponseCallback = Callable[[Any, WaltzError | None], None]
+
 #: Seconds a data-port request may take before the connection is declared dead (servers pass
 #: ``server.storage_request_timeout``).
 DEFAULT_REQUEST_TIMEOUT = 5.0
@@ -63,8 +66,13 @@ class _Pipeline:
         self.channel = channel
         self._encode = channel.family.encode
         self._send = channel.conn.send
+        #: the transport's optional send that never waits (``Connection.send_nowait``); without
+        #: it, request_nowait sends from a task
+        self._send_nowait: Callable[[bytes], None] | None = getattr(channel.conn, "send_nowait", None)
+        self._sending: set[asyncio.Task[None]] = set()
         self._failure_types = failure_types
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        #: seq -> the future a request awaits, or the callback of a request_nowait
+        self._pending: dict[int, asyncio.Future[Any] | ResponseCallback] = {}
         self._seq = itertools.count(1)
         self._error: WaltzError | None = None
         self._on_failure = on_failure
@@ -107,6 +115,44 @@ class _Pipeline:
             raise error_from_wire(response.error_code, response.message)
         return response
 
+    def request_nowait(self, seq: int, msg: Any, callback: ResponseCallback) -> None:
+        """Send ``msg`` without awaiting; ``callback(response, None)`` or ``callback(None, error)``
+        runs on the loop once it is answered or the connection fails.
+
+        For a caller that bounds its own requests in flight (a replica session has one append
+        outstanding at a time): the transport's back pressure is not waited for. No task, future
+        or coroutine is made per request when the transport has ``send_nowait``. Raises (and
+        does not call ``callback``) when the connection has already failed or the message
+        cannot be sent.
+        """
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
+        frame = self._encode(msg)
+        self._pending[seq] = callback
+        send_nowait = self._send_nowait
+        if send_nowait is None:
+            task = asyncio.get_running_loop().create_task(self._send_later(seq, frame))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+            return
+        try:
+            send_nowait(frame)
+        except WaltzError as exc:
+            self._pending.pop(seq, None)
+            if isinstance(exc, TransportError):
+                self._fail(exc)
+            raise
+
+    async def _send_later(self, seq: int, frame: bytes) -> None:
+        try:
+            await self._send(frame)
+        except WaltzError as exc:
+            callback = self._pending.pop(seq, None)
+            if isinstance(exc, TransportError):
+                self._fail(exc)
+            if callback is not None and not isinstance(callback, asyncio.Future):
+                _answer(callback, None, exc)
+
     def _check_deadlines(self) -> None:
         if self._error is not None:
             return
@@ -139,9 +185,16 @@ class _Pipeline:
                     # The node rejected our bytes and closes the connection: every call fails with its reason.
                     self._fail(error_from_wire(msg.error_code, msg.message))
                     return
-                fut = self._pending.pop(msg.seq_num, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
+                waiter = self._pending.pop(msg.seq_num, None)
+                if waiter is None:
+                    continue
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_result(msg)
+                elif isinstance(msg, self._failure_types):
+                    _answer(waiter, None, error_from_wire(msg.error_code, msg.message))
+                else:
+                    _answer(waiter, msg, None)
         except ConnectionClosedError as exc:
             self._fail(exc)
         except (ProtocolError, TransportError) as exc:
@@ -158,18 +211,30 @@ class _Pipeline:
             if self._watchdog is not None:
                 self._watchdog.cancel()
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(type(exc)(str(exc)))
+        for waiter in pending.values():
+            if not isinstance(waiter, asyncio.Future):
+                _answer(waiter, None, type(exc)(str(exc)))
+            elif not waiter.done():
+                waiter.set_exception(type(exc)(str(exc)))
         if first and not self._closing and self._on_failure is not None:
             self._on_failure(exc)
 
     async def close(self) -> None:
         self._closing = True
         self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        for task in self._sending:
+            task.cancel()
+        await asyncio.gather(self._reader, *self._sending, return_exceptions=True)
         self._fail(ConnectionClosedError("the client was closed"))
         await self.channel.close()
+
+
+def _answer(callback: ResponseCallback, response: Any, error: WaltzError | None) -> None:
+    # A callback's bug must not end the reader (every other request of the connection would hang).
+    try:
+        callback(response, error)
+    except Exception:
+        log.exception("storage client: a response callback failed")
 
 
 async def _open_channel(transport: Transport, address: str, family: Family, role: str) -> MessageChannel:
@@ -239,6 +304,18 @@ class StorageClient:
         seq = self._p.next_seq()
         await self._p.request(seq, sm.StorageAppendRequest(session_id, seq, partition_id, RecordBatch.of(records),
                                                            offline))
+
+    def append_nowait(self, session_id: int, partition_id: int, records: RecordBatch,
+                      done: Callable[[WaltzError | None], None]) -> None:
+        """:meth:`append` without awaiting: ``done(None)`` once the batch is durable on the node,
+        ``done(error)`` if it is refused or the connection fails (on the loop, from the reader).
+
+        The replicated store streams with it (no task wake-up per batch); it keeps one append
+        per partition outstanding, so nothing here waits for room. Raises, without calling
+        ``done``, when the connection has already failed."""
+        seq = self._p.next_seq()
+        self._p.request_nowait(seq, sm.StorageAppendRequest(session_id, seq, partition_id, records, False),
+                               lambda _response, error: done(error))
 
     async def record_header(self, session_id: int, partition_id: int, transaction_id: int) -> RecordHeader | None:
         seq = self._p.next_seq()

@@ -10,7 +10,7 @@ node has its own tests.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -21,6 +21,7 @@ from ..errors import (
     GenerationMismatchError,
     OutOfOrderAppendError,
     StaleSessionError,
+    WaltzError,
 )
 from ..protocol.wire import Record, RecordHeader, SessionInfo
 
@@ -45,6 +46,7 @@ class FakeReplica:
         self.down = False
         self.delay = 0.0
         self.appends = 0
+        self.reads = 0  #: record_list calls answered
 
     def _p(self, session_id: int, partition_id: int) -> _FakePartition:
         if self.down:
@@ -93,11 +95,40 @@ class FakeReplica:
     async def record_list(self, session_id: int, partition_id: int, first: int, max_records: int) -> list[Record]:
         await self._io()
         p = self._p(session_id, partition_id)
+        self.reads += 1
         return [r for r in p.records if first <= r.transaction_id < first + max_records]
 
     def log(self, partition_id: int) -> list[Record]:
         p = self.partitions.get(partition_id)
         return list(p.records) if p else []
+
+
+class StreamingFakeReplica(FakeReplica):
+    """A :class:`FakeReplica` that also has the storage client's ``append_nowait``, so the store
+    streams to it (callbacks) instead of driving it from a task per replica session."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.nowait_appends = 0
+
+    def append_nowait(self, session_id: int, partition_id: int, records: Sequence[Record],
+                      done: Callable[[WaltzError | None], None]) -> None:
+        if self.down:  # as the client of a failed connection: raise, do not call back
+            raise ConnectionClosedError(f"storage {self.endpoint} is down")
+        self.nowait_appends += 1
+
+        async def append() -> None:
+            try:
+                await self.append(session_id, partition_id, records)
+            except WaltzError as exc:
+                done(exc)
+            else:
+                done(None)
+
+        task = asyncio.get_running_loop().create_task(append())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 @attrs.define

@@ -14,7 +14,7 @@ IDLE_TIMEOUT = 0.6
 
 class TestTcpTransport(TransportConformance):
     backend_name = "tcp"
-    capabilities = frozenset({"heartbeat", "raw-socket"})
+    capabilities = frozenset({"heartbeat", "raw-socket", "send-nowait"})
     idle_timeout = IDLE_TIMEOUT
 
     @pytest.fixture

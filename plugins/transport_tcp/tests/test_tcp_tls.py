@@ -42,7 +42,7 @@ class TestTcpTransportWithMutualTls(TransportConformance):
     """
 
     backend_name = "tcp"
-    capabilities = frozenset({"heartbeat"})
+    capabilities = frozenset({"heartbeat", "send-nowait"})
     idle_timeout = 0.6
 
     @pytest.fixture

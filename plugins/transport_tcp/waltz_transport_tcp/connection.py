@@ -114,6 +114,12 @@ class TcpConnection(asyncio.BufferedProtocol):
 
     async def send(self, frame: bytes) -> None:
         """Write one frame; waits only while the write buffer is above its high-water mark."""
+        self.send_nowait(frame)
+        if self._write_paused:
+            await self._drain()
+
+    def send_nowait(self, frame: bytes) -> None:
+        """:meth:`send` without waiting for room: for a caller that bounds what it has in flight."""
         if self._closed:
             raise self._send_error()
         n = len(frame)
@@ -136,8 +142,6 @@ class TcpConnection(asyncio.BufferedProtocol):
             transport.write(LENGTH.pack(n))
             transport.write(frame)
         self._tx_activity = True
-        if self._write_paused:
-            await self._drain()
 
     async def send_many(self, frames: Sequence[bytes]) -> None:
         """Write a batch with one ``write`` call; nothing is written if one frame is invalid."""

@@ -28,7 +28,11 @@ Capabilities (tests of capabilities not declared are skipped, like fsspec's ``su
 ``heartbeat``
     the transport writes heartbeats when idle and fails a silent peer with PeerTimeoutError within
     :attr:`TransportConformance.idle_timeout` (plus one heartbeat interval), but not because its
-    own event loop was stalled.
+    own event loop was stalled;
+``send-nowait``
+    connections have the optional ``send_nowait(frame)``: :meth:`Connection.send` without waiting
+    for room, for a caller that bounds what it has in flight (the storage client's streaming
+    appends use it; without it they are sent from a task).
 """
 
 from __future__ import annotations
@@ -494,6 +498,27 @@ class TransportConformance(KitRuntime):
 
         async with asyncio.timeout(STEP_TIMEOUT * 2):
             await asyncio.gather(*(client(t) for t in range(self.concurrent_connections)))
+
+    @requires_capability("send-nowait")
+    async def test_send_nowait_keeps_order_with_send_and_checks_like_it(self, pair: tuple[Connection, Connection]) -> None:
+        client, server = pair
+        send_nowait = client.send_nowait  # type: ignore[attr-defined]
+        async with asyncio.timeout(STEP_TIMEOUT):
+            for i in range(300):
+                frame = i.to_bytes(4, "big") * (1 + i % 7)
+                if i % 3:
+                    send_nowait(frame)
+                else:
+                    await client.send(frame)
+            got = await _recv_n(server, 300)
+        assert [int.from_bytes(f[:4], "big") for f in got] == list(range(300))
+        with pytest.raises(ProtocolError):
+            send_nowait(b"")
+        with pytest.raises(FrameTooLargeError):
+            send_nowait(b"x" * (self.max_frame_size + 1))
+        await client.close()
+        with pytest.raises(ConnectionClosedError):
+            send_nowait(b"after close")
 
     async def test_send_waits_when_peer_does_not_read(self, transport: Transport, serve: Serve) -> None:
         """Back pressure: a writer to a peer that reads nothing stops instead of buffering 64 MiB."""

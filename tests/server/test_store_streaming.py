@@ -1,0 +1,70 @@
+"""Replica sessions that stream: a replica API with ``append_nowait`` (the storage client's) is
+sent batches from callbacks, not from a task per replica session (waltz_core/server/store.py).
+Every test of test_store.py also runs in this mode; these check the mode itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from waltz_core.server.store import ReplicatedStore, ReplicationBudget
+from waltz_core.testing.fake_storage import MemoryMetadata, StreamingFakeReplica, connector
+
+from .test_store import CONFIG, EPS, Sink, append_n, make, wait_for
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_clean_replicas_stream_and_a_slow_one_leaves_the_stream_to_read_from_peers() -> None:
+    """With a client that has ``append_nowait`` the replica sessions stream (no task per batch);
+    one that falls behind what the session buffers catches up from its peers in a task, then
+    streams again."""
+    replicas: dict[str, StreamingFakeReplica] = {ep: StreamingFakeReplica(ep) for ep in EPS}
+    budget = ReplicationBudget(2048)
+    store = ReplicatedStore(0, 0, MemoryMetadata({0: EPS}), connector(replicas), CONFIG, budget)
+    sink = Sink()
+    await store.open(sink)
+    await append_n(store, 20)
+    await store.flush()
+    session = store.session
+    assert session is not None
+    assert sorted(r.endpoint for r in session.streamers) == EPS
+    assert all(r.task is not None and r.task.done() for r in session.replicas.values())
+    assert all(r.nowait_appends > 0 and r.appends == r.nowait_appends for r in replicas.values())
+
+    slow = replicas["s3:1"]
+    slow.delay = 0.05
+    for i in range(30):
+        await append_n(store, 10, start=100 + 10 * i)
+    await store.flush()  # the quorum committed everything; the slow replica is far behind
+    assert session.buffer_first > slow.log(0)[-1].transaction_id + 1, "the session no longer buffers what it needs"
+    # Its outstanding append returns, what it needs next is gone: it reads from its peers.
+    await wait_for(lambda: replicas["s1:1"].reads + replicas["s2:1"].reads > 0)
+    slow.delay = 0.0
+    await wait_for(lambda: len(slow.log(0)) == sink.committed + 1, timeout=20)
+    await wait_for(lambda: sorted(r.endpoint for r in session.streamers) == EPS)
+    streamed = slow.nowait_appends
+    await append_n(store, 10, start=1000)
+    await store.flush()
+    await wait_for(lambda: len(slow.log(0)) == sink.committed + 1)
+    assert slow.nowait_appends > streamed, "caught up, it streams again"
+    assert slow.log(0) == replicas["s1:1"].log(0)
+    assert store.sessions_started == 1, "falling behind is not a failure"
+    await store.close()
+
+
+async def test_a_refused_streaming_append_ends_the_session_and_loses_nothing_committed() -> None:
+    replicas, _, store, sink = make(kind=StreamingFakeReplica)
+    await store.open(sink)
+    await append_n(store, 10)
+    await store.flush()
+    committed = sink.committed
+    first = store.session
+    replicas["s2:1"].down = True  # its next append_nowait raises; then it is unreachable
+    await append_n(store, 5, start=100)
+    await wait_for(lambda: store.sessions_started >= 2 and store.healthy)
+    assert first is not None and first.stopped and not first.streamers
+    assert sink.committed >= committed
+    ids = await append_n(store, 5, start=200)
+    await store.flush()
+    assert sink.committed == ids[-1]
+    await store.close()
