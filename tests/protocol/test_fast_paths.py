@@ -48,3 +48,24 @@ def test_unpack_feed_data_takes_feed_records_only(msg: Any) -> None:
 def test_unpack_feed_data_never_raises_on_random_bytes(raw: bytes) -> None:
     fields = m.unpack_feed_data(raw)
     assert fields is None or (len(raw) == 41 and raw[0] == 4)
+
+
+@given(append_requests())
+def test_objects_made_through_slot_descriptors_equal_the_attrs_constructors(msg: m.AppendRequest) -> None:
+    """fast_req_id and the decoder's AppendRequest skip attrs' __init__: same values, equality,
+    hash and repr, and still frozen."""
+    import attrs
+    import pytest
+
+    from waltz_core.protocol.wire import ReqId, fast_req_id
+
+    q = msg.req_id
+    fast_q = fast_req_id(q.client_id, q.generation, q.partition_id, q.seq_num)
+    assert type(fast_q) is ReqId and fast_q == q and hash(fast_q) == hash(q) and repr(fast_q) == repr(q)
+    fast = m._fast_append(*attrs.astuple(msg, recurse=False))
+    assert type(fast) is m.AppendRequest and fast == msg and repr(fast) == repr(msg)
+    assert attrs.astuple(fast, recurse=False) == attrs.astuple(msg, recurse=False)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        fast.header = 1  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        fast_q.seq_num = 1  # type: ignore[misc]

@@ -47,6 +47,7 @@ from .wire import (
     Reader,
     ReqId,
     crc32,
+    fast_req_id,
     w_blob,
     w_int_array,
     w_str,
@@ -180,6 +181,27 @@ class AppendRequest:
         """ChecksumError unless ``checksum`` is the CRC-32 of ``data`` (decoding calls it)."""
         if crc32(self.data) != self.checksum:
             raise ChecksumError(f"AppendRequest {self.req_id}: transaction data checksum mismatch")
+
+
+_new_object = object.__new__
+(_set_req_id, _set_hwm, _set_write_locks, _set_read_locks, _set_append_locks, _set_header, _set_data,
+ _set_checksum) = (getattr(AppendRequest, a.name).__set__ for a in attrs.fields(AppendRequest))
+
+
+def _fast_append(req_id: ReqId, client_high_water_mark: int, write_locks: tuple[int, ...], read_locks: tuple[int, ...],
+                 append_locks: tuple[int, ...], header: int, data: bytes, checksum: int) -> AppendRequest:
+    """``AppendRequest(...)`` through the slot descriptors (512 -> 334 ns; see wire.fast_req_id):
+    the server decodes one per transaction."""
+    m: AppendRequest = _new_object(AppendRequest)
+    _set_req_id(m, req_id)
+    _set_hwm(m, client_high_water_mark)
+    _set_write_locks(m, write_locks)
+    _set_read_locks(m, read_locks)
+    _set_append_locks(m, append_locks)
+    _set_header(m, header)
+    _set_data(m, data)
+    _set_checksum(m, checksum)
+    return m
 
 
 @attrs.frozen(slots=True)
@@ -515,7 +537,7 @@ def _dec_append(buf: Buf) -> AppendRequest:
         (checksum,) = U32.unpack_from(buf, start + n)
         if crc32(data) != checksum:
             raise ChecksumError(f"AppendRequest {ReqId(c, g, p, s)}: transaction data checksum mismatch")
-        return AppendRequest(ReqId(c, g, p, s), hwm, (), (), (), header, data, checksum)
+        return _fast_append(fast_req_id(c, g, p, s), hwm, (), (), (), header, data, checksum)
     pos = _HEAD_LONG.size
     locks = []
     for _ in range(3):
@@ -532,10 +554,10 @@ def _dec_append(buf: Buf) -> AppendRequest:
         return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
     data = bytes(buf[pos : pos + n])
     (checksum,) = U32.unpack_from(buf, pos + n)
-    q = ReqId(c, g, p, s)
+    q = fast_req_id(c, g, p, s)
     if crc32(data) != checksum:
         raise ChecksumError(f"AppendRequest {q}: transaction data checksum mismatch")
-    return AppendRequest(q, hwm, locks[0], locks[1], locks[2], header, data, checksum)
+    return _fast_append(q, hwm, locks[0], locks[1], locks[2], header, data, checksum)
 
 
 #: The generic AppendRequest decoder from byte 1: the fast path's fallback, which names the problem.

@@ -57,6 +57,24 @@ class ReqId:
         return REQ_ID.pack(self.client_id, self.generation, self.partition_id, self.seq_num)
 
 
+# A frozen attrs class's __init__ sets each field through object.__setattr__; the slot
+# descriptors' own __set__ does the same in a third less time (ReqId: 313 -> 211 ns). Only for the
+# decoders that make one object per transaction; tests keep them equal to the attrs constructor.
+_new_object = object.__new__
+_set_client_id, _set_generation, _set_partition_id, _set_seq_num = (
+    getattr(ReqId, a.name).__set__ for a in attrs.fields(ReqId))
+
+
+def fast_req_id(client_id: int, generation: int, partition_id: int, seq_num: int) -> ReqId:
+    """``ReqId(client_id, generation, partition_id, seq_num)``, made faster (see above)."""
+    q: ReqId = _new_object(ReqId)
+    _set_client_id(q, client_id)
+    _set_generation(q, generation)
+    _set_partition_id(q, partition_id)
+    _set_seq_num(q, seq_num)
+    return q
+
+
 @attrs.frozen(slots=True)
 class RecordHeader:
     """What feeds carry: transaction id, the appending request's id, the 32-bit header."""

@@ -100,6 +100,11 @@ class ClientLink:
         if not self.readable:
             await self._readable.wait()
 
+    @property
+    def writable(self) -> bool:
+        """False while this connection has too much unsent data (what wait_writable waits for)."""
+        return self._writable.is_set() and not self._closed
+
     async def wait_writable(self) -> None:
         """Wait while this connection has too much unsent data (back pressure for feeds)."""
         if not self._writable.is_set():

@@ -107,6 +107,9 @@ class _ClientSlot:
     link: ClientLink
     feed: asyncio.Task[None] | None = None
     position: int = -1  #: highest transaction id fed to this client
+    #: the feed task waits for the next commit, caught up and past its mount: a commit may post
+    #: its frames itself (no task wake-up), see Partition._wake_feeds
+    idle: bool = False
 
 
 @final  # so that `type(item) is _Barrier` tells a type checker what item is otherwise
@@ -394,12 +397,14 @@ class Partition:
             feed_add_many(first, frames)  # the feed frames of the batch, with one check
         self._feed_cache.settle()  # charge the server's budgets once per commit batch
         self._data_cache.settle()
-        if high_water_mark > self.high_water_mark:
+        previous = self.high_water_mark
+        if high_water_mark > previous:
             self.high_water_mark = high_water_mark
         self._commits += 1
         if self._blocked:
             self._inbox.nudge()  # the append task retries them (never from inside the store's callback)
-        self._wake_feeds()
+        # The batch's frames, if they are exactly the transactions after the previous high-water mark
+        self._wake_feeds(frames if first == previous + 1 and first + len(frames) - 1 == high_water_mark else None)
 
     def on_session_reset(self, high_water_mark: int) -> None:
         """A new store session recovered ``high_water_mark``: commit what it kept, fail the rest."""
@@ -411,9 +416,24 @@ class Partition:
                 locks.abort(request)
         self.high_water_mark = high_water_mark
 
-    def _wake_feeds(self) -> None:
-        self._committed.set()
-        self._committed = asyncio.Event()
+    def _wake_feeds(self, frames: list[bytes] | None = None) -> None:
+        """Feed the commit to every client: ``frames`` (the feed records of every transaction
+        after the previous high-water mark, or None) go straight to the links of idle feeds that
+        are caught up and writable; the other feed tasks are woken to read the feed cache."""
+        wake = True
+        if frames:
+            wake = False
+            first = self.high_water_mark - len(frames) + 1
+            for slot in self._clients.values():
+                link = slot.link
+                if slot.idle and slot.position + 1 == first and link.writable:
+                    link.post_frames(frames)
+                    slot.position = self.high_water_mark
+                else:
+                    wake = True
+        if wake:
+            self._committed.set()
+            self._committed = asyncio.Event()
 
     # ---------------------------------------------------------------------------------- feeds
 
@@ -446,16 +466,17 @@ class Partition:
             return
         if slot.feed is not None:
             slot.feed.cancel()
+        slot.idle = False  # at once: no commit may feed this slot before the new task set its position
         slot.feed = asyncio.get_running_loop().create_task(self._feed(slot, q, msg.client_high_water_mark, None))
 
     async def _feed(self, slot: _ClientSlot, req_id: ReqId, client_hwm: int, mount_until: int | None) -> None:
         """Stream headers after ``client_hwm``; answer the mount once the feed reached ``mount_until``."""
         link = slot.link
-        next_id = client_hwm + 1
         slot.position = client_hwm
         try:
             while not link.closed:
                 hwm = self.high_water_mark
+                next_id = slot.position + 1  # a commit may have fed this client while the task waited
                 if next_id <= hwm:
                     count = min(FEED_BATCH, hwm - next_id + 1)
                     frames = self._feed_cache.get(next_id, count)
@@ -465,14 +486,17 @@ class Partition:
                             raise WaltzError(f"storage returned no headers from {next_id} (high-water mark {hwm})")
                         frames = [encode_feed_data(h.req_id, h.transaction_id, h.header) for h in headers]
                     link.post_frames(frames)
-                    next_id += len(frames)
-                    slot.position = next_id - 1
+                    slot.position = next_id + len(frames) - 1
                     await link.wait_writable()
                     continue
                 if mount_until is not None:
                     link.post(m.MountResponse(req_id, m.PartitionState.READY))
                     mount_until = None
-                await self._committed.wait()
+                slot.idle = True
+                try:
+                    await self._committed.wait()
+                finally:
+                    slot.idle = False
         except asyncio.CancelledError:
             raise
         except WaltzError as exc:

@@ -1,0 +1,63 @@
+"""Feeds of a partition (server/partition.py): a commit posts its feed records itself to the
+clients whose feed is idle, caught up and writable; other feeds are woken to read the feed
+cache. Either way every client gets every transaction once, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from waltz_core.protocol import client as m
+from waltz_core.protocol.wire import ReqId
+
+from .conftest import append, settle
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def _append_n(partition: Any, link: Any, first_seq: int, n: int) -> None:
+    for i in range(n):
+        await partition.submit(append(first_seq + i, f"t{first_seq + i}".encode()), link)
+    await settle()
+
+
+async def test_a_commit_feeds_an_idle_caught_up_client_itself(mounted: Any) -> None:
+    store, partition, link = mounted
+    await _append_n(partition, link, 1, 5)
+    store.commit(4)
+    assert link.fed == [0, 1, 2, 3, 4], "posted inside the commit, with no feed task step"
+    await _append_n(partition, link, 6, 3)
+    store.commit(5)
+    store.commit(7)
+    assert link.fed == list(range(8))
+    await settle()
+    assert link.fed == list(range(8)), "the feed task posts nothing twice"
+
+
+async def test_a_client_that_is_not_writable_is_fed_by_its_task_then_by_commits_again(mounted: Any) -> None:
+    store, partition, link = mounted
+    await _append_n(partition, link, 1, 4)
+    link.writable = False
+    store.commit(3)
+    assert link.fed == [], "a client with too much unsent data is left to its feed task"
+    await settle()
+    assert link.fed == [0, 1, 2, 3]  # the task read the feed cache (this link's wait_writable returns at once)
+    link.writable = True
+    await _append_n(partition, link, 5, 2)
+    store.commit(5)
+    assert link.fed == list(range(6))
+
+
+async def test_a_restarted_feed_resends_from_the_clients_mark_without_duplicates(mounted: Any) -> None:
+    store, partition, link = mounted
+    await _append_n(partition, link, 1, 8)
+    store.commit(5)
+    assert link.fed == list(range(6))
+    await partition.submit(m.FeedRequest(ReqId(1, 1, 0, 10), 2), link)  # the client asks again from 3
+    store.commit(7)  # at once: the new feed task has not run yet, the old one is cancelled
+    await settle()
+    assert link.fed == list(range(6)) + [3, 4, 5, 6, 7]
+    await _append_n(partition, link, 11, 1)
+    store.commit(8)
+    assert link.fed == list(range(6)) + [3, 4, 5, 6, 7, 8]
