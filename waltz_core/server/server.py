@@ -296,6 +296,9 @@ class WaltzServer:
                 reg.gauge("commit_latency_p50_seconds", "Median append-to-commit latency (recent)", labels).set(lat[0])
                 reg.gauge("commit_latency_p99_seconds", "p99 append-to-commit latency (recent)", labels).set(lat[1])
                 reg.gauge("feed_lag", "Largest feed lag over the partition's mounted clients", labels).set(p.max_feed_lag)
+                # One partition at a time: its latency percentiles sort up to 2,048 values
+                # (0.1-0.2 ms); 64 partitions in one go stalled every append for 9-11 ms each second.
+                await asyncio.sleep(0)
             await asyncio.sleep(1.0)
 
 
