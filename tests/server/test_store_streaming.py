@@ -59,10 +59,13 @@ async def test_a_refused_streaming_append_ends_the_session_and_loses_nothing_com
     await store.flush()
     committed = sink.committed
     first = store.session
+    assert first is not None and len(first.streamers) == 3
+    down = first.replicas["s2:1"]
     replicas["s2:1"].down = True  # its next append_nowait raises; then it is unreachable
     await append_n(store, 5, start=100)
     await wait_for(lambda: store.sessions_started >= 2 and store.healthy)
-    assert first is not None and first.stopped and not first.streamers
+    assert not down.streaming and down.task is not None and down.task.done(), "it left the stream, no task took over"
+    assert first.stopped and not first.streamers
     assert sink.committed >= committed
     ids = await append_n(store, 5, start=200)
     await store.flush()
