@@ -8,6 +8,12 @@ adopts a higher session id and rejects lower ones from then on (fencing). Calls 
 Records travel as :class:`~waltz_core.protocol.wire.RecordBatch` (the stored layout, encoded once
 by the store session); a batch is also a sequence of :class:`Record`, for implementations that
 want objects.
+
+An implementation may also offer ``append_nowait(session_id, partition_id, records, done)``,
+which sends the append without awaiting and calls ``done(None)`` once it is durable or
+``done(error)`` (raising at once instead when the connection has already failed), as
+:meth:`~waltz_core.storage.client.StorageClient.append_nowait` does. Replica sessions then stream
+to it from callbacks instead of driving it from a task per batch (:mod:`.store`).
 """
 
 from __future__ import annotations
