@@ -106,8 +106,17 @@ class _ReplicaSession:
         #: the client's append that does not await, if it has one (streaming needs it)
         self._append_nowait: Callable[[int, int, RecordBatch, Callable[[WaltzError | None], None]], None] | None = (
             getattr(api, "append_nowait", None))
-        self.streaming = False
         self._sending = -1  #: last transaction id of the append outstanding while streaming; -1: none
+
+    @property
+    def streaming(self) -> bool:
+        """Sent batches by the session's callbacks, not by its task (see :meth:`stream`)."""
+        return self in self.session.streamers
+
+    def start_task(self) -> None:
+        """Run :meth:`run`: catching up, then streaming when the client allows it."""
+        self.task = asyncio.get_running_loop().create_task(
+            self.run(), name=f"replica-p{self.session.partition_id}-{self.endpoint}")
 
     async def run(self) -> None:
         s = self.session
@@ -126,8 +135,7 @@ class _ReplicaSession:
                     s.on_ack()
                 cursor = self.acked + 1
                 if self.clean and self._append_nowait is not None and cursor >= s.buffer_first and not s.stopped:
-                    self.streaming = True  # from here on the session's callbacks send (see stream)
-                    s.streamers.append(self)
+                    s.streamers.append(self)  # from here on the session's callbacks send (see stream)
                     self.stream()
                     return
                 if cursor > s.last_assigned:
@@ -164,9 +172,8 @@ class _ReplicaSession:
         if batch is None:
             # Fell behind what the session buffers (a slow replica beyond its budget share):
             # catch up from a peer in a task, then stream again.
-            self.streaming = False
             s.streamers.remove(self)
-            self.task = asyncio.get_running_loop().create_task(self.run(), name=f"replica-p{s.partition_id}-{self.endpoint}")
+            self.start_task()
             return
         self._sending = batch.last_transaction_id
         assert self._append_nowait is not None
@@ -179,7 +186,6 @@ class _ReplicaSession:
     def leave(self, exc: BaseException) -> None:
         """A streaming replica failed: it sends nothing more in this session."""
         if self.streaming:
-            self.streaming = False
             self.session.streamers.remove(self)
         self.session.replica_failed(self, exc)
 
@@ -364,8 +370,6 @@ class StoreSession:
 
     async def stop(self) -> None:
         self.stopped = True  # streaming replicas send nothing more; late acknowledgements are ignored
-        for r in self.streamers:
-            r.streaming = False
         self.streamers.clear()
         tasks = [r.task for r in self.replicas.values() if r.task is not None]
         for t in tasks:
@@ -507,7 +511,7 @@ class ReplicatedStore:
         if self._closed:
             return  # closed while recovering: start nothing
         for rs in session.replicas.values():
-            rs.task = asyncio.get_running_loop().create_task(rs.run(), name=f"replica-p{pid}-{rs.endpoint}")
+            rs.start_task()
         self.high_water_mark = result.high_water_mark
         self.session = session
         self.sessions_started += 1
