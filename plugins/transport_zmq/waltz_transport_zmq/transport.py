@@ -315,6 +315,10 @@ class _ClientLink:
                 self.on_event(event["event"], event["value"])
 
     def teardown(self) -> None:
+        if not self.welcome.done():
+            self.welcome.cancel()
+        elif not self.welcome.cancelled():
+            self.welcome.exception()  # seen: a failure the connect did not wait for is not logged as lost
         current = asyncio.current_task()
         for task in self.tasks:
             if task is not current:
@@ -475,10 +479,8 @@ class ZmqTransport:
                       loop.create_task(link.watch(), name=f"waltz-zmq-monitor {address}")]
         try:
             sender = PeerSender(dealer, [], LinkStats())
-            opts = self.options
             async with asyncio.timeout(self.connect_timeout):
-                await sender.send([wire.encode_open(wire.HELLO, opts.window_frames, opts.window_bytes)])
-                window = await link.welcome
+                window = await self._hello(sender, link)
         except TimeoutError as exc:
             link.teardown()
             raise ConnectError(f"cannot connect to {address}: no answer within {self.connect_timeout}s") from exc
@@ -497,6 +499,23 @@ class ZmqTransport:
         link.attach(conn)
         self._clients.add(conn)
         return conn
+
+    async def _hello(self, sender: PeerSender, link: _ClientLink) -> tuple[int, int]:
+        """Send HELLO and wait for WELCOME; a handshake failure reported by the monitor ends the
+        wait even while HELLO is still waiting to be queued: a handshake that fails before the
+        HELLO is queued (the zmq I/O thread can get there first on a busy machine) leaves the
+        DEALER without a pipe, so the send would retry until the connect timeout."""
+        opts = self.options
+        sending = asyncio.ensure_future(sender.send([wire.encode_open(wire.HELLO, opts.window_frames,
+                                                                      opts.window_bytes)]))
+        try:
+            await asyncio.wait((sending, link.welcome), return_when=asyncio.FIRST_COMPLETED)
+            if not link.welcome.done():
+                sending.result()  # sent (or failed to): the answer decides
+            return await link.welcome
+        finally:
+            if not sending.done():
+                sending.cancel()
 
     def forget_listener(self, listener: ZmqListener) -> None:
         """Stop tracking ``listener`` for :meth:`aclose`; called by :meth:`ZmqListener.close` once it is closed."""
