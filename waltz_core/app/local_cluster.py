@@ -41,7 +41,7 @@ from ..config import (
 from ..coordination import open_coordination
 from ..coordination.recipes import StoreMetadata, create_cluster, get_cluster_params
 from ..errors import ClusterNotFoundError, WaltzError
-from ..ports import free_ports
+from ..ports import PortReservation, free_ports, reserve_ports
 from ..protocol.wire import Record
 from ..retry import RetryPolicy
 from ..runtime import Runtime
@@ -115,6 +115,8 @@ class ClusterSpec:
     servers: list[NodeSpec] = attrs.Factory(list)
     #: plugins and registries of this cluster's tools and in-process nodes (not part of the spec's value)
     runtime: Runtime = attrs.field(factory=Runtime.load, eq=False, repr=False)
+    #: the ports picked by write_configs, held until the cluster stops (see waltz_core.ports)
+    _reservation: PortReservation | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -182,9 +184,15 @@ class ClusterSpec:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.storages and self.servers:
             return
-        # Ports of nodes on hosts of their own cannot collide with ours: any free number will do.
-        ports = iter(free_ports(3 * self.num_storages + 2 * self.num_servers,
-                                "127.0.0.1" if self.node_hosts else self.host))
+        count = 3 * self.num_storages + 2 * self.num_servers
+        if self.node_hosts:  # nodes on hosts of their own cannot collide with ours: any free number will do
+            ports = iter(free_ports(count))
+        else:
+            # Held until the cluster stops: another picker (a cluster starting beside this one)
+            # cannot take a port before its node binds it, nor while a killed node restarts.
+            self.release_ports()
+            self._reservation = reserve_ports(count, self.host)
+            ports = iter(self._reservation.ports)
         self.storages, self.servers = [], []
         address = self._address_format()
         for i in range(self.num_storages):
@@ -207,6 +215,12 @@ class ClusterSpec:
         (self.directory / "client.toml").write_text(to_toml({"client": {}, **self._common(client=True)}))
         (self.directory / "spec.toml").write_text(to_toml({"cluster": {
             "num_partitions": self.num_partitions, "cluster_name": self.cluster_name}}))
+
+    def release_ports(self) -> None:
+        """Let the ports reserved by :meth:`write_configs` go (the cluster's stop does)."""
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
 
     def _security(self) -> dict[str, dict[str, Any]]:
         return {"security": {"insecure": True}} if self.insecure else {}
@@ -409,6 +423,7 @@ class InProcessCluster:
             await self.stop_server(i)
         for i in list(self._storage_stops):
             await self.stop_storage(i)
+        self.spec.release_ports()
 
 
 class ProcessCluster:
@@ -481,6 +496,7 @@ class ProcessCluster:
             for p in procs.values():
                 _signal(p, signal.SIGTERM, wait=10.0)
             procs.clear()
+        self.spec.release_ports()
 
     def logs(self) -> str:
         out = []
