@@ -39,7 +39,8 @@ async def make() -> AsyncIterator[Callable[..., ZmqTransport]]:
     made: list[ZmqTransport] = []
 
     # Refusals come from the handshake within milliseconds; a long connect timeout keeps a loaded
-    # CI machine from turning one into "no answer" (it did once, in the e2e matrix's CURVE cell).
+    # CI machine from turning a slow one into "no answer". (The "no answer" once seen in the e2e
+    # matrix's CURVE cell was not slowness: see test_a_handshake_failure_ends_a_connect_whose_hello_...)
     def build(connect_timeout: float = 20.0, **options: object) -> ZmqTransport:
         t = ZmqTransport(1024 * 1024, ZmqOptions(**options), connect_timeout=connect_timeout)  # type: ignore[arg-type]
         made.append(t)
