@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import socket
 from types import TracebackType
+from typing import Self
 
 #: the lowest port drawn: above the well-known and most registered service ports
 LOWEST = 10_000
@@ -47,7 +48,7 @@ class PortReservation:
         for s in sockets:
             s.close()
 
-    def __enter__(self) -> PortReservation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
