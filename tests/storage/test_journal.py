@@ -16,6 +16,7 @@ import pytest
 
 from waltz_core.errors import PartitionNotFoundError, StorageCorruptionError, StorageError
 from waltz_core.protocol.wire import RecordBatch
+from waltz_core.storage import segmented
 from waltz_core.storage.client import StorageClient
 from waltz_core.storage.format import HEADER_SIZE
 from waltz_core.storage.journal import (
@@ -137,9 +138,15 @@ def _layout(directory: Path, cluster_key: uuid.UUID) -> SegmentedLayout:
     return layout
 
 
-def _journaled_writes(directory: Path, cluster_key: uuid.UUID, batches: list[tuple[int, int, int]]) -> None:
+def _journaled_writes(directory: Path, cluster_key: uuid.UUID, batches: list[tuple[int, int, int]], *,
+                      in_files: bool = True) -> None:
     """Write ``(partition, first, count)`` batches as a journaled node does: into the partition
-    files without syncing them, and durably into the journal; then "crash" (nothing is closed)."""
+    stores without syncing them, and durably into the journal; then "crash" (nothing is closed).
+
+    ``in_files``: the stores had written the batches into the partition files (the page cache)
+    before the crash, which a power loss may then take (:func:`_lose_unsynced_tail`); else they
+    still held them in memory (small batches are gathered before they are written), so the
+    crash of the process took them."""
     layout = _layout(directory, cluster_key)
     journal = NodeJournal(directory / JOURNAL_DIRECTORY / "io-0.wal", checkpoint_bytes=1 << 30)
     stores: dict[int, PartitionStore] = {}
@@ -151,21 +158,77 @@ def _journaled_writes(directory: Path, cluster_key: uuid.UUID, batches: list[tup
         store.write_validated(batch.data, offsets, lazy_writeback=True)  # type: ignore[attr-defined]
         journal.append([(pid, first, count, bytes(batch.data))])
     for store in stores.values():
+        if in_files:
+            store.start_writeback()  # type: ignore[attr-defined]
         store._closed = True  # type: ignore[attr-defined]  # a crash: no close-time sync
     journal.close()
     layout.close()
 
 
-def _lose_unsynced_tail(directory: Path, partition_id: int, keep_records: int) -> None:
+def _data_file_size(directory: Path, partition_id: int) -> int:
+    return sum(p.stat().st_size for p in (directory / str(partition_id)).glob("*.seq"))
+
+
+def test_lazy_writes_are_gathered_in_memory_and_written_before_any_read_sync_or_close(
+        tmp_path: Path, cluster_key, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = _layout(tmp_path, cluster_key)
+    store = layout.open_partition(0)
+    writes: list[int] = []
+    real = segmented.pwritev_all
+
+    def counted(fd: int, buffers: Any, offset: int) -> int:
+        writes.append(sum(len(b) for b in buffers))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(segmented, "pwritev_all", counted)
+
+    def write(first: int, count: int, lazy: bool = True) -> RecordBatch:
+        batch = _batch(first, count)
+        offsets = array("q")
+        batch.validate_into(offsets)
+        store.write_validated(batch.data, offsets, lazy_writeback=lazy)  # type: ignore[attr-defined]
+        return batch
+
+    small = write(0, 3).nbytes + write(3, 2).nbytes  # well under PENDING_WRITE_BYTES: held in memory
+    assert writes == [] and _data_file_size(tmp_path, 0) == HEADER_SIZE
+    assert store.read_records(0, 10) == make_records(0, 5)  # a read writes them first
+    assert _data_file_size(tmp_path, 0) == HEADER_SIZE + small
+    held = write(5, 2).nbytes
+    assert store.max_transaction_id == 6 and _data_file_size(tmp_path, 0) == HEADER_SIZE + small
+    # Reaching the limit writes what was gathered and the new batch with one pwritev.
+    big = write(7, segmented.PENDING_WRITE_BYTES // _batch(0, 1).nbytes + 1)
+    assert writes == [held + big.nbytes]
+    assert _data_file_size(tmp_path, 0) == HEADER_SIZE + small + held + big.nbytes
+    n = 7 + len(big)
+    write(n, 1)
+    write(n + 1, 1, lazy=False)  # an eager write goes after what was gathered
+    assert store.read_records(0, 10_000) == make_records(0, n + 2)
+    write(n + 2, 2)
+    store.sync_written()  # type: ignore[attr-defined]
+    assert _data_file_size(tmp_path, 0) == HEADER_SIZE + _batch(0, n + 4).nbytes
+    write(n + 4, 1)
+    store.close()  # writes and syncs what it holds
+    reopened = layout.open_partition(0)
+    assert reopened.read_records(0, 10_000) == make_records(0, n + 5)
+    reopened.close()
+    layout.close()
+
+
+def _lose_unsynced_tail(directory: Path, partition_id: int, keep_records: int, *, written: bool = True) -> None:
     """The power loss: the partition's data file keeps only its first ``keep_records`` records
-    (what its files held at the last checkpoint), its index is gone."""
+    (what its files held at the last checkpoint), its index is gone.
+
+    ``written=False``: a copy taken while a node ran, whose recent small batches may still have
+    been in its memory: the file may hold fewer records already (nothing to cut then)."""
     part = directory / str(partition_id)
     data = next(p for p in part.iterdir() if p.suffix == ".seq")
     for index in part.glob("*.idx"):
         index.unlink()
     keep = HEADER_SIZE + (len(_batch(0, keep_records, partition_id).data) if keep_records else 0)
-    assert keep < data.stat().st_size
-    os.truncate(data, keep)
+    if written:
+        assert keep < data.stat().st_size
+    if keep < data.stat().st_size:
+        os.truncate(data, keep)
 
 
 def _stored(directory: Path, cluster_key: uuid.UUID, partition_id: int) -> list:
@@ -267,6 +330,16 @@ async def _journaled_node(directory: Path, cluster_key: uuid.UUID, *assigned: in
         await h.stop()
 
 
+async def _image_at_power_loss(node: StorageNode, live: Path, crashed: Path) -> None:
+    """Copy a running node's directory as a power loss would find it once the node had written
+    into its partition files (the page cache) what it gathers in memory; the journal is durable."""
+    for worker in node.workers:
+        store = worker.store
+        if store is not None:
+            await worker.call(store.start_writeback)  # type: ignore[attr-defined]
+    shutil.copytree(live, crashed)
+
+
 def _record_calls(journal: NodeJournal | None, what: Callable[[list[Any]], Any]) -> list[Any]:
     """Wrap ``journal.append``: what each call was given, as ``what(entries)``."""
     assert journal is not None
@@ -278,14 +351,14 @@ def _record_calls(journal: NodeJournal | None, what: Callable[[list[Any]], Any])
 
 async def test_a_journaled_node_keeps_acknowledged_records_through_a_power_loss(tmp_path: Path,
                                                                                 cluster_key) -> None:
-    async with _journaled_node(tmp_path / "live", cluster_key, 0, 1, io_threads=2) as (_, c):
+    async with _journaled_node(tmp_path / "live", cluster_key, 0, 1, io_threads=2) as (node, c):
         await c.append(1, 0, make_records(0, 5))
         await c.append(1, 1, make_records(0, 3, 1))
         await c.append(1, 0, make_records(5, 4))
         assert [p.name for p in journal_paths(tmp_path / "live")] == ["io-0.wal", "io-1.wal"]
         assert sum(len(read_journal(p)[0]) for p in journal_paths(tmp_path / "live")) == 3
         # The power loss, taken while the node runs: the journal is durable, the partition files lose their records.
-        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+        await _image_at_power_loss(node, tmp_path / "live", tmp_path / "crashed")
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)
     _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=1)
     async with _journaled_node(tmp_path / "crashed", cluster_key) as (node, c):
@@ -295,6 +368,22 @@ async def test_a_journaled_node_keeps_acknowledged_records_through_a_power_loss(
         assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 3, 1)
     # A clean stop leaves every journal empty.
     assert all(read_journal(p)[0] == [] for p in journal_paths(tmp_path / "live"))
+
+
+async def test_a_node_that_crashed_holding_small_batches_in_memory_gets_them_back_from_its_journal(
+        tmp_path: Path, cluster_key) -> None:
+    async with _journaled_node(tmp_path / "live", cluster_key, 0, 1) as (node, c):
+        await c.append(1, 0, make_records(0, 5))
+        await c.append(1, 1, make_records(0, 2, 1))
+        await c.append(1, 0, make_records(5, 3))
+        # The process dies now: the acknowledged batches were journaled, not written to the files.
+        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+    assert _data_file_size(tmp_path / "crashed", 0) == _data_file_size(tmp_path / "crashed", 1) == HEADER_SIZE
+    _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0, written=False)  # the index goes too
+    async with _journaled_node(tmp_path / "crashed", cluster_key) as (node, c):
+        assert {r.partition_id for r in node.repairs if r.action == "replayed journal"} == {0, 1}
+        assert list(await c.record_list(2, 0, 0, 100)) == make_records(0, 8)
+        assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 2, 1)
 
 
 async def test_one_round_of_several_partitions_is_one_journal_write_and_no_partition_fdatasync(
@@ -322,13 +411,13 @@ async def test_one_round_of_several_partitions_is_one_journal_write_and_no_parti
 async def test_a_truncate_starts_a_new_generation_so_no_older_append_is_replayed_over_it(tmp_path: Path,
                                                                                          cluster_key) -> None:
     replaced = make_records(3, 2, partition_id=2)
-    async with _journaled_node(tmp_path / "live", cluster_key, 0) as (_, c):
+    async with _journaled_node(tmp_path / "live", cluster_key, 0) as (node, c):
         await c.append(1, 0, make_records(0, 6))
         await c.truncate(2, 0, 2)
         await c.append(2, 0, replaced)
         entries = read_journal(tmp_path / "live" / JOURNAL_DIRECTORY / "io-0.wal")[0]
         assert [(e.first_transaction_id, e.count) for e in entries] == [(3, 2)]
-        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+        await _image_at_power_loss(node, tmp_path / "live", tmp_path / "crashed")
     async with _journaled_node(tmp_path / "crashed", cluster_key) as (_, c):
         assert list(await c.record_list(3, 0, 0, 100)) == make_records(0, 3) + replaced
 
@@ -378,7 +467,7 @@ async def test_a_node_makes_a_partition_that_cannot_be_replayed_unavailable_and_
         await node.workers[0].call(node.io_threads[0].checkpoint)  # records 0..2 of partition 0 are synced
         await c.append(1, 0, make_records(3, 2))
         await c.append(1, 1, make_records(0, 2, 1))
-        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+        await _image_at_power_loss(node, tmp_path / "live", tmp_path / "crashed")
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)  # the disk lost synced records too
     _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=0)
     async with _journaled_node(tmp_path / "crashed", cluster_key) as (node, c):
@@ -393,9 +482,9 @@ async def test_offline_recovery_opens_a_crashed_directory_with_its_journal_repla
                                                                                    cluster_key) -> None:
     from waltz_core.storage.recovery import PartitionRebuild
 
-    async with _journaled_node(tmp_path / "live", cluster_key, 0) as (_, c):
+    async with _journaled_node(tmp_path / "live", cluster_key, 0) as (node, c):
         await c.append(1, 0, make_records(0, 6))
-        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+        await _image_at_power_loss(node, tmp_path / "live", tmp_path / "crashed")
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=2)
     rebuild = PartitionRebuild(SegmentedLayout(tmp_path / "crashed"), cluster_key, NUM_PARTITIONS, tmp_path / "aside")
     rebuild.open()
@@ -462,7 +551,7 @@ async def test_rounds_on_the_event_loop_journal_and_replay_like_a_thread(tmp_pat
         await asyncio.gather(c.append(1, 0, make_records(0, 4)), c.append(1, 1, make_records(0, 3, 1)))
         assert rounds == [[0, 1]]  # both partitions' appends, read in one loop iteration, share a round
         await c.append(1, 0, make_records(4, 2))
-        shutil.copytree(tmp_path / "live", tmp_path / "crashed")
+        await _image_at_power_loss(node, tmp_path / "live", tmp_path / "crashed")
     _lose_unsynced_tail(tmp_path / "crashed", 0, keep_records=0)
     _lose_unsynced_tail(tmp_path / "crashed", 1, keep_records=0)
     async with _journaled_node(tmp_path / "crashed", cluster_key, io_threads=0) as (node, c):

@@ -25,8 +25,19 @@ def _segments(h: NodeHarness, partition_id: int = 0) -> list[Path]:
     return sorted((h.directory / str(partition_id)).glob("*.seq"))
 
 
-def _stored_bytes(h: NodeHarness, partition_id: int = 0) -> bytes:
+async def _written(h: NodeHarness, partition_id: int = 0) -> None:
+    """Make the node write into the partition's files what it holds in memory (a journaled node
+    gathers small batches before it writes them: segmented.PENDING_WRITE_BYTES)."""
+    assert h.node is not None
+    worker = h.node.workers[partition_id]
+    store = worker.store
+    if store is not None:
+        await worker.call(store.start_writeback)  # type: ignore[attr-defined]
+
+
+async def _stored_bytes(h: NodeHarness, partition_id: int = 0) -> bytes:
     """The record bytes of every segment of a partition, in order (segment headers left out)."""
+    await _written(h, partition_id)
     return b"".join(p.read_bytes()[HEADER_SIZE:] for p in _segments(h, partition_id))
 
 
@@ -34,7 +45,7 @@ async def test_malformed_batches_are_refused_before_anything_is_written(harness:
     await _ready(harness, 0, 1)
     c = await harness.client()
     await c.append(1, 0, make_records(0, 3))
-    on_disk = _stored_bytes(harness)
+    on_disk = await _stored_bytes(harness)
     good = RecordBatch.from_records(make_records(3, 4))
     raw = bytes(good.data)
     flipped = bytearray(raw)
@@ -55,11 +66,11 @@ async def test_malformed_batches_are_refused_before_anything_is_written(harness:
             await c.append(1, partition_id, batch)
         assert await c.max_transaction_id(1, 0) == 2
         assert await c.max_transaction_id(1, 1) == -1
-        assert _stored_bytes(harness) == on_disk, f"{match}: nothing may reach the disk"
-    assert _stored_bytes(harness, 1) == b""
+        assert await _stored_bytes(harness) == on_disk, f"{match}: nothing may reach the disk"
+    assert await _stored_bytes(harness, 1) == b""
     # The connection survived every refusal, and the good batch goes in as it is.
     await c.append(1, 0, good)
-    assert _stored_bytes(harness) == on_disk + raw
+    assert await _stored_bytes(harness) == on_disk + raw
     assert await c.record_list(1, 0, 0, 10) == make_records(0, 7)
 
 
@@ -92,7 +103,7 @@ async def test_a_refused_batch_inside_a_group_commit_fails_alone(harness: NodeHa
     assert "record 3 fails its record checksum" in responses[2].message
     assert "has transaction id 4, expected 3" in responses[3].message
     assert syncs.value == before + 1, "the good batches share one fdatasync"
-    assert _stored_bytes(harness) == bytes(first.data) + bytes(second.data)
+    assert await _stored_bytes(harness) == bytes(first.data) + bytes(second.data)
     c = await harness.client()
     assert await c.record_list(1, 0, 0, 10) == make_records(0, 5)
 
@@ -109,7 +120,7 @@ async def test_append_read_restart_across_segments_keeps_the_bytes(harness: Node
         sent.append(bytes(batch.data))
         records.extend(batch)
     assert len(_segments(harness)) >= 3
-    assert _stored_bytes(harness) == b"".join(sent), "records are written exactly as they were sent"
+    assert await _stored_bytes(harness) == b"".join(sent), "records are written exactly as they were sent"
 
     async def read_all() -> RecordBatch:
         got = await c.record_list(1, 0, 0, 1000)
@@ -148,6 +159,7 @@ async def test_a_record_corrupted_on_disk_is_not_served(harness: NodeHarness) ->
     c = await harness.client()
     batch = RecordBatch.from_records(make_records(0, 5))
     await c.append(1, 0, batch)
+    await _written(harness)
     (segment,) = _segments(harness)
     raw = bytearray(segment.read_bytes())
     raw[HEADER_SIZE + batch.offsets[3] + STORED_RECORD_HEAD.size] ^= 0x04

@@ -51,7 +51,7 @@ import attrs
 
 from ..errors import ProtocolError, StorageCorruptionError, StorageError
 from ..protocol.wire import RecordBatch
-from .files import fsync_dir, pwrite_all
+from .files import fsync_dir, pwrite_all, pwritev_all
 from .format import FLAG_AVAILABLE, PartitionInfo
 from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
@@ -72,8 +72,6 @@ ENTRIES_START = 512
 _HEAD = struct.Struct("<IQiqII")
 _HEAD_AFTER_CRC = struct.Struct("<QiqII")
 _CRC = struct.Struct("<I")
-#: buffers per pwritev (Linux allows 1024)
-_IOV_MAX = 1024
 #: the largest entry a reader believes (a head claiming more is garbage, not a record batch)
 _MAX_ENTRY_BYTES = 1 << 30
 
@@ -124,17 +122,6 @@ def _read_generation(fd: int, path: Path) -> tuple[int, int]:
             f"partition of this node from other replicas (`waltz storage recover-partition`; docs/operations.md, "
             f"\"A corrupt node journal\")")
     return max(valid)
-
-
-def _pwritev_all(fd: int, buffers: Sequence[bytes | memoryview], offset: int) -> int:
-    """Write ``buffers`` at ``offset`` (one pwritev unless the kernel writes less); bytes written."""
-    total = sum(len(b) for b in buffers)
-    if len(buffers) > _IOV_MAX:  # a round of hundreds of partitions: one copy, one write
-        buffers = [b"".join(buffers)]
-    written = os.pwritev(fd, buffers, offset)
-    if written < total:  # short write (a signal, a full disk): finish it from a joined copy
-        pwrite_all(fd, memoryview(b"".join(buffers))[written:], offset + written)
-    return total
 
 
 def create_journal_file(path: Path) -> None:
@@ -252,7 +239,7 @@ class NodeJournal:
             rest = pack(gen, pid, first, count, len(data))
             buffers.append(pack_crc(crc32(data, crc32(rest))) + rest)
             buffers.append(data)
-        self._position += _pwritev_all(self._fd, buffers, self._position)
+        self._position += pwritev_all(self._fd, buffers, self._position)
         os.fdatasync(self._fd)
 
     def reset(self) -> None:

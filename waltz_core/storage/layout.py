@@ -107,7 +107,9 @@ class DeferredSyncStore(Protocol):
         written (and may be read), durable once :meth:`sync_written` returns.
 
         ``lazy_writeback``: the node made the records durable elsewhere (its journal) and calls
-        :meth:`sync_written` only at checkpoints, so the store need not hurry their writeback."""
+        :meth:`sync_written` only at checkpoints, so the store need not hurry their writeback; it
+        may even keep them in memory until it is next read, synced, truncated or closed (a
+        bounded amount: the node holds that memory for every partition)."""
 
     def sync_written(self) -> None:
         """Make everything written durable (one fdatasync), as ``append_validated`` would have.

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
-from .files import fsync_dir
+from .files import fsync_dir, pwritev_all
 from .files import pwrite_all as _pwrite_all
 from .format import (
     CHECKPOINT_OFFSET,
@@ -102,6 +102,10 @@ _sync_file_range = _load_sync_file_range()
 _SYNC_FILE_RANGE_WRITE = 2  #: start writeback of the range's dirty pages, do not wait
 #: with ``lazy_writeback``, a data file's writeback is started once per this many bytes written
 LAZY_WRITEBACK_BYTES = 256 * 1024
+#: with ``lazy_writeback``, batches are gathered in memory up to this many bytes and written with
+#: one pwrite: a small append's own pwrite cost more storage CPU than the rest of its path
+#: (docs/performance.md, "Partition files written in blocks"); per partition, at most
+PENDING_WRITE_BYTES = 16 * 1024
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:
@@ -244,6 +248,8 @@ class SegmentedPartition:
         self._unsynced = False  #: records written by write_validated and not yet fdatasync'ed
         self._synced_end = (0, 0)  #: (data end, record count) of the tail at its last sync
         self._writeback_end = 0  #: the tail's bytes before this had their writeback started
+        #: lazily written batches not in the tail's data file yet (they end at ``tail.data_end``)
+        self._pending = bytearray()
         directory.mkdir(parents=True, exist_ok=True)
         self._open()
 
@@ -513,9 +519,11 @@ class SegmentedPartition:
     def write_validated(self, records: bytes | memoryview, offsets: array[int], *,
                         lazy_writeback: bool = False) -> None:
         """Write a batch and start its writeback; durable with :meth:`sync_written`
-        (:class:`~.layout.DeferredSyncStore`). With ``lazy_writeback`` the writeback starts once
-        per :data:`LAZY_WRITEBACK_BYTES` written instead (the node journal makes the records
-        durable; the data file's sync waits for a checkpoint, which then has little left to write)."""
+        (:class:`~.layout.DeferredSyncStore`). With ``lazy_writeback`` (the node journal makes
+        the records durable; the data file's sync waits for a checkpoint) small batches are
+        gathered in memory and written together once :data:`PENDING_WRITE_BYTES` are reached, or
+        before the store is read, synced, truncated or closed; the writeback starts once per
+        :data:`LAZY_WRITEBACK_BYTES` written, so a checkpoint has little left to write."""
         self._check_open()
         if not offsets:
             return
@@ -527,25 +535,44 @@ class SegmentedPartition:
             tail = self._tail
             assert tail is not None
         start = tail.data_end
-        _pwrite_all(tail.data_fd, records, start)
+        end = start + len(records)
+        pending = self._pending
         if not lazy_writeback:
+            self._write_pending()
+            _pwrite_all(tail.data_fd, records, start)
             start_writeback(tail.data_fd, start, len(records))
-            self._writeback_end = start + len(records)
-        elif start + len(records) - self._writeback_end >= LAZY_WRITEBACK_BYTES or self._writeback_end > start:
-            begin = min(self._writeback_end, start)
-            start_writeback(tail.data_fd, begin, start + len(records) - begin)
-            self._writeback_end = start + len(records)
+            self._writeback_end = end
+        elif len(pending) + len(records) < PENDING_WRITE_BYTES:
+            pending += records  # written with the next ones: see PENDING_WRITE_BYTES
+        else:
+            pwritev_all(tail.data_fd, [pending, records], start - len(pending))
+            pending.clear()
+            if end - self._writeback_end >= LAZY_WRITEBACK_BYTES or self._writeback_end > start:
+                begin = min(self._writeback_end, start)
+                start_writeback(tail.data_fd, begin, end - begin)
+                self._writeback_end = end
         if not self._unsynced:
             self._unsynced = True
             self._synced_end = (start, tail.count)  # where the store goes back to if the sync fails
         tail.data_end = start + len(records)
         tail.offsets.extend(array("q", [start + offset for offset in offsets]))
 
+    def _write_pending(self) -> None:
+        """Write the batches gathered in memory into the tail's data file (before anything reads,
+        syncs, truncates or closes it)."""
+        pending = self._pending
+        if pending:
+            tail = self._tail
+            assert tail is not None
+            _pwrite_all(tail.data_fd, pending, tail.data_end - len(pending))
+            pending.clear()
+
     def start_writeback(self) -> None:
         """Start writing what :meth:`sync_written` would make durable, without waiting (a node's
         journal checkpoint starts it for every partition first, so their writes overlap)."""
         tail = self._tail
         if self._unsynced and tail is not None:
+            self._write_pending()
             start = self._synced_end[0]
             start_writeback(tail.data_fd, start, tail.data_end - start)
 
@@ -558,6 +585,7 @@ class SegmentedPartition:
         tail = self._tail
         assert tail is not None
         try:
+            self._write_pending()
             self._sync_appended(tail.data_fd)
         except BaseException:
             # Not durable, never acknowledged: the store ends where the last sync left it (as if
@@ -566,6 +594,7 @@ class SegmentedPartition:
             del tail.offsets[count:]
             tail.written = min(tail.written, count)
             self._unsynced = False
+            self._pending.clear()
             raise
         self._unsynced = False
         # Index entries stay in memory until the checkpoint writes and syncs them in one go: they
@@ -651,6 +680,8 @@ class SegmentedPartition:
         records as fit (none if the first does not)."""
         index = bisect.bisect_right(self._firsts, transaction_id) - 1
         seg = self._segment(index)
+        if self._pending and seg is self._tail:
+            self._write_pending()
         slot = transaction_id - seg.first
         n = min(max_records, seg.count - slot)
         if n <= 0:
@@ -765,6 +796,7 @@ class SegmentedPartition:
         if self._tail is not None:
             try:
                 if self._unsynced:
+                    self._write_pending()
                     self._sync_appended(self._tail.data_fd)  # before the index counts those records
                     self._unsynced = False
                 self._tail.sync_index()
