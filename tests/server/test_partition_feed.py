@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import waltz_core.server.partition as partition_module
 from waltz_core.protocol import client as m
 from waltz_core.protocol.wire import ReqId
 
@@ -61,3 +62,20 @@ async def test_a_restarted_feed_resends_from_the_clients_mark_without_duplicates
     await _append_n(partition, link, 11, 1)
     store.commit(8)
     assert link.fed == list(range(6)) + [3, 4, 5, 6, 7, 8]
+
+
+async def test_commit_latency_is_summarised_again_only_after_commits(mounted: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    store, partition, link = mounted
+    sorts: list[int] = []
+    real_sorted = sorted
+    monkeypatch.setattr(partition_module, "sorted", lambda values: (sorts.append(len(values)), real_sorted(values))[1],
+                        raising=False)
+    await _append_n(partition, link, 1, 3)
+    store.commit(2)
+    first = partition.commit_latency
+    assert first[0] > 0 and first[1] >= first[0] and sorts == [3]
+    assert partition.commit_latency is first and sorts == [3], "no commit since: the summary is reused"
+    await _append_n(partition, link, 4, 2)
+    store.commit(4)
+    assert partition.commit_latency is not first and sorts == [3, 5]

@@ -159,6 +159,8 @@ class Partition:
         self.appends = 0
         self.lock_failures = 0
         self._latencies: deque[float] = deque(maxlen=2048)
+        #: (high-water mark, (p50, p99)) of the last commit_latency: recomputed only after commits
+        self._latency_summary: tuple[int, tuple[float, float]] = (-2, (0.0, 0.0))
         self._histogram = commit_latency
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -592,11 +594,20 @@ class Partition:
 
     @property
     def commit_latency(self) -> tuple[float, float]:
-        """(p50, p99) seconds from hand-off to commit over the recent appends (0 when none)."""
+        """(p50, p99) seconds from hand-off to commit over the recent appends (0 when none).
+
+        Sorting the window (up to 2,048 values, 0.1-0.2 ms) happens only when commits changed it:
+        the metrics ask every partition each second, and most of hundreds of partitions are idle."""
+        mark, summary = self._latency_summary
+        if mark == self.high_water_mark:
+            return summary
         values = sorted(self._latencies)
-        if not values:
-            return (0.0, 0.0)
-        return values[len(values) // 2], values[min(len(values) - 1, int(len(values) * 0.99))]
+        if values:
+            summary = (values[len(values) // 2], values[min(len(values) - 1, int(len(values) * 0.99))])
+        else:
+            summary = (0.0, 0.0)
+        self._latency_summary = (self.high_water_mark, summary)
+        return summary
 
     @property
     def max_feed_lag(self) -> int:
