@@ -45,3 +45,13 @@ async def test_appends_behind_a_barrier_wait_for_it_in_order(mounted: Any) -> No
     # The task is idle again: the next append is decided in its offer.
     partition.offer(append(4, b"d"), link)
     assert store.appended == [b"a", b"c", b"d"]
+
+
+async def test_an_append_with_locks_is_left_to_the_task(mounted: Any) -> None:
+    store, partition, link = mounted
+    partition.offer(append(1, b"locked", write=(7,)), link)
+    assert store.appended == [], "appends with locks keep the task's batching (docs/performance.md)"
+    await settle()
+    assert store.appended == [b"locked"]
+    partition.offer(append(2, b"free"), link)
+    assert store.appended == [b"locked", b"free"]

@@ -213,7 +213,8 @@ class Partition:
         """:meth:`submit` without a coroutine: returns a future to await while the inbox is full."""
         t = type(msg)
         if t is _AppendRequest:
-            if self._append_idle and not self._inbox and not self._blocked and self._decided_now(msg, link):
+            if (self._append_idle and not self._inbox and not self._blocked
+                    and not (msg.write_locks or msg.read_locks or msg.append_locks) and self._decided_now(msg, link)):
                 return None
             link.inbound_added()
             return self._inbox.put((msg, link))
@@ -247,10 +248,14 @@ class Partition:
     # ---------------------------------------------------------------------------- append task
 
     def _decided_now(self, req: m.AppendRequest, link: ClientLink) -> bool:
-        """An append arriving while the append task is idle: decided here, in the reader's call,
-        when that needs no waiting (the usual case); one task wake-up less per partition and
-        burst of appends. Nothing is queued ahead of it, so the order is the task's. False: queue
-        it for the task (nothing was changed)."""
+        """An append without locks arriving while the append task is idle: decided here, in the
+        reader's call, when that needs no waiting; one task wake-up less per partition and burst
+        of appends. Nothing is queued ahead of it, so the order is the task's. False: queue it for
+        the task (nothing was changed).
+
+        Appends with locks always go through the task: deciding them as they arrived halved the
+        records per fdatasync at a lock pool of 128 (49 -> 23) and cost 45 % more CPU per
+        transaction (docs/performance.md, "Many partitions, and what is left")."""
         try:
             return self._append_now(req, link)
         except WaltzError as exc:  # as the task does: logged, and the reader goes on
