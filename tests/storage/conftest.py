@@ -36,6 +36,16 @@ async def io_thread_blocked(worker: PartitionWorker) -> AsyncIterator[None]:
         await blocker
 
 
+async def write_held_batches(node: StorageNode, *partition_ids: int) -> None:
+    """Make a live node write into the partitions' files (all partitions without ids) what its
+    stores hold in memory: a journaled node gathers small batches before it writes them
+    (segmented.PENDING_WRITE_BYTES)."""
+    for worker in node.workers if not partition_ids else [node.workers[p] for p in partition_ids]:
+        store = worker.store
+        if store is not None:
+            await worker.call(store.start_writeback)  # type: ignore[attr-defined]
+
+
 def make_record(txn: int, data: bytes | None = None, partition_id: int = 0) -> Record:
     if data is None:
         data = f"transaction {txn} ".encode() * (1 + txn % 5)

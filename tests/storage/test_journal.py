@@ -31,7 +31,7 @@ from waltz_core.storage.layout import PartitionStore
 from waltz_core.storage.node import StorageNode
 from waltz_core.storage.segmented import SegmentedLayout
 
-from .conftest import NUM_PARTITIONS, NodeHarness, io_thread_blocked, make_records
+from .conftest import NUM_PARTITIONS, NodeHarness, io_thread_blocked, make_records, write_held_batches
 
 
 def _batch(first: int, count: int, partition_id: int = 0) -> RecordBatch:
@@ -333,10 +333,7 @@ async def _journaled_node(directory: Path, cluster_key: uuid.UUID, *assigned: in
 async def _image_at_power_loss(node: StorageNode, live: Path, crashed: Path) -> None:
     """Copy a running node's directory as a power loss would find it once the node had written
     into its partition files (the page cache) what it gathers in memory; the journal is durable."""
-    for worker in node.workers:
-        store = worker.store
-        if store is not None:
-            await worker.call(store.start_writeback)  # type: ignore[attr-defined]
+    await write_held_batches(node)
     shutil.copytree(live, crashed)
 
 

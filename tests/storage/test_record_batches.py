@@ -13,7 +13,7 @@ from waltz_core.protocol.wire import STORED_RECORD_HEAD, Record, RecordBatch
 from waltz_core.storage.format import HEADER_SIZE
 from waltz_core.storage.node import _Item
 
-from .conftest import NodeHarness, make_record, make_records
+from .conftest import NodeHarness, make_record, make_records, write_held_batches
 
 
 async def _ready(h: NodeHarness, *partitions: int) -> None:
@@ -25,19 +25,10 @@ def _segments(h: NodeHarness, partition_id: int = 0) -> list[Path]:
     return sorted((h.directory / str(partition_id)).glob("*.seq"))
 
 
-async def _written(h: NodeHarness, partition_id: int = 0) -> None:
-    """Make the node write into the partition's files what it holds in memory (a journaled node
-    gathers small batches before it writes them: segmented.PENDING_WRITE_BYTES)."""
-    assert h.node is not None
-    worker = h.node.workers[partition_id]
-    store = worker.store
-    if store is not None:
-        await worker.call(store.start_writeback)  # type: ignore[attr-defined]
-
-
 async def _stored_bytes(h: NodeHarness, partition_id: int = 0) -> bytes:
     """The record bytes of every segment of a partition, in order (segment headers left out)."""
-    await _written(h, partition_id)
+    assert h.node is not None
+    await write_held_batches(h.node, partition_id)
     return b"".join(p.read_bytes()[HEADER_SIZE:] for p in _segments(h, partition_id))
 
 
@@ -159,7 +150,8 @@ async def test_a_record_corrupted_on_disk_is_not_served(harness: NodeHarness) ->
     c = await harness.client()
     batch = RecordBatch.from_records(make_records(0, 5))
     await c.append(1, 0, batch)
-    await _written(harness)
+    assert harness.node is not None
+    await write_held_batches(harness.node, 0)
     (segment,) = _segments(harness)
     raw = bytearray(segment.read_bytes())
     raw[HEADER_SIZE + batch.offsets[3] + STORED_RECORD_HEAD.size] ^= 0x04
