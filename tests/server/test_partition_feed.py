@@ -64,8 +64,8 @@ async def test_a_restarted_feed_resends_from_the_clients_mark_without_duplicates
     assert link.fed == list(range(6)) + [3, 4, 5, 6, 7, 8]
 
 
-async def test_commit_latency_is_summarised_again_only_after_commits(mounted: Any,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_commit_latency_is_summarised_again_only_after_commits_and_a_while(
+        mounted: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     store, partition, link = mounted
     sorts: list[int] = []
     real_sorted = sorted
@@ -78,4 +78,6 @@ async def test_commit_latency_is_summarised_again_only_after_commits(mounted: An
     assert partition.commit_latency is first and sorts == [3], "no commit since: the summary is reused"
     await _append_n(partition, link, 4, 2)
     store.commit(4)
+    assert partition.commit_latency is first and sorts == [3], "commits since, but the summary is recent"
+    monkeypatch.setattr(partition_module, "LATENCY_SUMMARY_MAX_AGE", 0.0)
     assert partition.commit_latency is not first and sorts == [3, 5]
