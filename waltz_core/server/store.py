@@ -404,7 +404,9 @@ class ReplicatedStore:
         self.high_water_mark = -1
         self.session: StoreSession | None = None
         self._sink: StoreSink | None = None
-        self._changed = asyncio.Event()
+        #: set (and dropped) at every change of session or commit; made only while someone waits:
+        #: commits come once per batch and partition, waiters rarely
+        self._changed: asyncio.Event | None = None
         self._epoch = 0  # bumped on every session reset: flush() waiters stop waiting then
         self._supervisor: asyncio.Task[None] | None = None
         self._restart = asyncio.Event()
@@ -544,8 +546,16 @@ class ReplicatedStore:
             self._notify()
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
+
+    def _next_change(self) -> asyncio.Event:
+        changed = self._changed
+        if changed is None:
+            changed = self._changed = asyncio.Event()
+        return changed
 
     # ------------------------------------------------------------------- the Store protocol
 
@@ -567,7 +577,7 @@ class ReplicatedStore:
             s = self.session
             if s is not None and not s.broken and not s.rolling_over and s.last_assigned - s.committed < self._window:
                 return
-            await self._changed.wait()
+            await self._next_change().wait()
         raise PartitionNotReadyError(f"partition {self.partition_id} is closed")
 
     async def flush(self) -> None:
@@ -577,7 +587,7 @@ class ReplicatedStore:
             return
         target, epoch = s.last_assigned, self._epoch
         while not self._closed and self._epoch == epoch and self.high_water_mark < target:
-            await self._changed.wait()
+            await self._next_change().wait()
 
     def _read_replicas(self, needed: int) -> list[_ReplicaSession]:
         s = self.session
