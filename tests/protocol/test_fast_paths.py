@@ -1,5 +1,6 @@
 """The hot-path codecs agree with the general ones: ``encode_append`` (client, no message object),
-the lock-free ``AppendRequest`` decode (server) and ``unpack_feed_data`` (client stream reader)."""
+the lock-free ``AppendRequest`` decode (server), ``unpack_feed_data`` (client stream reader), and
+the storage family's ``encode_append`` and ``success_response`` (server and storage node)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from waltz_core.protocol import client as m
+from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Reader
 
-from .strategies import append_requests, data, i32, i64, messages_of, req_ids
+from .strategies import STORAGE, append_requests, data, i32, i64, messages_of, req_ids
 
 
 @given(append_requests())
@@ -69,3 +71,35 @@ def test_objects_made_through_slot_descriptors_equal_the_attrs_constructors(msg:
         fast.header = 1  # type: ignore[misc]
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         fast_q.seq_num = 1  # type: ignore[misc]
+
+
+@given(STORAGE[sm.StorageAppendRequest])
+def test_storage_encode_append_from_fields_equals_encoding_the_message(msg: sm.StorageAppendRequest) -> None:
+    raw = sm.encode_append(msg.session_id, msg.seq_num, msg.partition_id, msg.records, msg.offline)
+    assert raw == sm.encode(msg) == sm.CODEC.generic_encode(msg)
+    assert sm.decode(raw) == msg
+
+
+@given(i64, i64, i32)
+def test_storage_acknowledgements_made_through_slot_descriptors_equal_the_attrs_constructor(
+        session_id: int, seq_num: int, partition_id: int) -> None:
+    import attrs
+    import pytest
+
+    msg = sm.SuccessResponse(session_id, seq_num, partition_id)
+    fast = sm.success_response(session_id, seq_num, partition_id)
+    assert type(fast) is sm.SuccessResponse and fast == msg and hash(fast) == hash(msg) and repr(fast) == repr(msg)
+    decoded = sm.decode(sm.encode(msg))
+    assert type(decoded) is sm.SuccessResponse and decoded == msg
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        fast.seq_num = 1  # type: ignore[misc]
+
+
+def test_storage_encode_append_refuses_values_that_do_not_fit() -> None:
+    import pytest
+
+    from waltz_core.errors import ProtocolError
+    from waltz_core.protocol.wire import RecordBatch
+
+    with pytest.raises(ProtocolError, match="cannot encode StorageAppendRequest"):
+        sm.encode_append(2**63, 1, 0, RecordBatch(b"", 0, 0))

@@ -27,7 +27,7 @@ GOLDENS = goldens.load()
 OVERRIDES = {
     client: ({client.AppendRequest, client.FeedData}, {client.AppendRequest, client.FeedData, client.LockFailure}),
     storage: ({storage.StorageAppendRequest, storage.RecordListResponse},
-              {storage.StorageAppendRequest, storage.RecordListResponse}),
+              {storage.StorageAppendRequest, storage.RecordListResponse, storage.SuccessResponse}),
     admin: (set(), set()),
 }
 OVERRIDDEN = [(fam, cls) for fam in FAMILY_MODULES for cls in sorted(OVERRIDES[fam][0] | OVERRIDES[fam][1],

@@ -17,7 +17,7 @@ the same position. Only version 3 is spoken: an older peer fails the handshake.
 
 Hand-written fast paths, registered as overrides of the generic codec and equivalent to it: the
 record batches of ``StorageAppendRequest`` and ``RecordListResponse`` (head and batch head in
-one struct).
+one struct), and the decoding of ``SuccessResponse`` (an append's acknowledgement).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Annotated, ClassVar, Final, TypeAlias
 
 import attrs
 
+from ..errors import ProtocolError
 from .layout import (
     BOOL,
     INT32,
@@ -272,6 +273,18 @@ def _batch_message(m: StorageAppendRequest | RecordListResponse) -> list[bytes |
                              b.nbytes), b.data]
 
 
+def encode_append(session_id: int, seq_num: int, partition_id: int, records: RecordBatch,
+                  offline: bool = False) -> bytes:
+    """``encode(StorageAppendRequest(...))`` without making the message: a server sends one per
+    partition, replica and batch."""
+    try:
+        head = _BATCH_HEAD.pack(6, session_id, seq_num, partition_id, len(records), records.first_transaction_id,
+                                records.nbytes)
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode StorageAppendRequest: {exc}") from None
+    return b"".join((head, records.data, _FLAGS[1 if offline else 0]))
+
+
 @CODEC.encoder(StorageAppendRequest)
 def _enc_append(m: StorageAppendRequest) -> bytes:
     out = _batch_message(m)
@@ -306,7 +319,14 @@ def _dec_append(buf: Buf) -> StorageAppendRequest:
     offline = buf[-1]
     if fields is None or offline > 1:
         return _generic_append(buf)
-    return StorageAppendRequest(*fields, offline == 1)
+    session_id, seq_num, partition_id, records = fields
+    m: StorageAppendRequest = _new_object(StorageAppendRequest)
+    _set_append_session_id(m, session_id)
+    _set_append_seq_num(m, seq_num)
+    _set_append_partition_id(m, partition_id)
+    _set_append_records(m, records)
+    _set_append_offline(m, offline == 1)
+    return m
 
 
 @CODEC.decoder(RecordListResponse)
@@ -316,3 +336,32 @@ def _dec_record_list(buf: Buf) -> RecordListResponse:
         return _generic_record_list(buf)
     fields[3].offsets  # noqa: B018 - walk it now: a malformed list fails here, not in whoever reads it
     return RecordListResponse(*fields)
+
+
+# Acknowledgements: a storage node makes one per append and replica, and the server reads it.
+# Messages made once per batch are built through their slot descriptors (see wire.fast_req_id;
+# the protocol tests keep them equal to the attrs constructors).
+_new_object: Final = object.__new__
+(_set_append_session_id, _set_append_seq_num, _set_append_partition_id, _set_append_records,
+ _set_append_offline) = (getattr(StorageAppendRequest, a.name).__set__ for a in attrs.fields(StorageAppendRequest))
+_set_success_session_id, _set_success_seq_num, _set_success_partition_id = (
+    getattr(SuccessResponse, a.name).__set__ for a in attrs.fields(SuccessResponse))
+_HEAD: Final = struct.Struct(">bqqi")
+_generic_success: Final = CODEC.generic_decoder(SuccessResponse)
+
+
+def success_response(session_id: int, seq_num: int, partition_id: int) -> SuccessResponse:
+    """``SuccessResponse(session_id, seq_num, partition_id)``, made faster."""
+    m: SuccessResponse = _new_object(SuccessResponse)
+    _set_success_session_id(m, session_id)
+    _set_success_seq_num(m, seq_num)
+    _set_success_partition_id(m, partition_id)
+    return m
+
+
+@CODEC.decoder(SuccessResponse)
+def _dec_success(buf: Buf) -> SuccessResponse:
+    if len(buf) != _HEAD.size:
+        return _generic_success(buf)  # raises the precise error
+    _, session_id, seq_num, partition_id = _HEAD.unpack_from(buf, 0)
+    return success_response(session_id, seq_num, partition_id)

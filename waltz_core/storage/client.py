@@ -127,7 +127,12 @@ class _Pipeline:
         """
         if self._error is not None:
             raise type(self._error)(str(self._error))
-        frame = self._encode(msg)
+        self.send_nowait(seq, self._encode(msg), callback)
+
+    def send_nowait(self, seq: int, frame: bytes, callback: ResponseCallback) -> None:
+        """:meth:`request_nowait` of a message its caller encoded already (``frame``)."""
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
         self._pending[seq] = callback
         send_nowait = self._send_nowait
         if send_nowait is None:
@@ -178,9 +183,10 @@ class _Pipeline:
         self._watchdog = loop.call_later(self._period, self._check_deadlines)
 
     async def _read_loop(self) -> None:
+        recv, decode = self.channel.conn.recv, self.channel.family.decode  # MessageChannel.recv inlined
         try:
             while True:
-                msg = await self.channel.recv()
+                msg = decode(await recv())
                 if msg.seq_num == -1 and isinstance(msg, self._failure_types):
                     # The node rejected our bytes and closes the connection: every call fails with its reason.
                     self._fail(error_from_wire(msg.error_code, msg.message))
@@ -313,9 +319,10 @@ class StorageClient:
         The replicated store streams with it (no task wake-up per batch); it keeps one append
         per partition outstanding, so nothing here waits for room. Raises, without calling
         ``done``, when the connection has already failed."""
-        seq = self._p.next_seq()
-        self._p.request_nowait(seq, sm.StorageAppendRequest(session_id, seq, partition_id, records, False),
-                               lambda _response, error: done(error))
+        p = self._p
+        seq = p.next_seq()
+        p.send_nowait(seq, sm.encode_append(session_id, seq, partition_id, records),
+                      lambda _response, error: done(error))
 
     async def record_header(self, session_id: int, partition_id: int, transaction_id: int) -> RecordHeader | None:
         seq = self._p.next_seq()

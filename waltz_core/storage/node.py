@@ -571,9 +571,10 @@ class PartitionWorker:
         if not self._journaled:
             self.io.m_syncs.inc()
         self._m_records.inc(group.count)
+        success = sm.success_response
         for item in group.items:
             req = item.work
-            out.append((item.reply, sm.SuccessResponse(req.session_id, req.seq_num, req.partition_id)))
+            out.append((item.reply, success(req.session_id, req.seq_num, req.partition_id)))
 
     def journaled(self, group: _AppendGroup, out: Replies) -> None:
         """I/O thread: the group is durable in the journal; answer its appends."""
