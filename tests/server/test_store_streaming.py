@@ -71,3 +71,47 @@ async def test_a_refused_streaming_append_ends_the_session_and_loses_nothing_com
     await store.flush()
     assert sink.committed == ids[-1]
     await store.close()
+
+
+async def test_partitions_sharing_a_stream_pump_send_their_batches_from_one_loop_callback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's stores share one StreamPump: the appends of one loop step to several
+    partitions are sent by one callback, each partition's records in one batch per replica."""
+    import asyncio
+
+    from waltz_core.protocol.wire import ReqId, crc32
+    from waltz_core.server.store import StreamPump
+
+    pump = StreamPump()
+    replicas: dict[str, StreamingFakeReplica] = {ep: StreamingFakeReplica(ep) for ep in EPS}
+    metadata = MemoryMetadata({0: EPS, 1: EPS})
+    stores = [ReplicatedStore(pid, 0, metadata, connector(replicas), CONFIG, stream_pump=pump) for pid in (0, 1)]
+    sinks = [Sink(), Sink()]
+    for store, sink in zip(stores, sinks, strict=True):
+        await store.open(sink)
+        await append_n(store, 1)
+        await store.flush()
+        assert store.session is not None and sorted(r.endpoint for r in store.session.streamers) == EPS
+    before = {ep: r.nowait_appends for ep, r in replicas.items()}
+
+    loop = asyncio.get_running_loop()
+    scheduled: list[object] = []
+    real_call_soon = loop.call_soon
+
+    def call_soon(callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+        scheduled.append(getattr(callback, "__self__", None))
+        return real_call_soon(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", call_soon)
+    for store in stores:  # one loop step: three appends to each partition
+        for i in range(3):
+            data = b"d%d" % i
+            store.append(ReqId(1, 0, store.partition_id, 10 + i), 0, data, crc32(data))
+    assert scheduled.count(pump) == 1, "one pump callback for both partitions"
+    monkeypatch.undo()
+    for store in stores:
+        await store.flush()
+    assert [sink.committed for sink in sinks] == [3, 3]
+    assert all(r.nowait_appends - before[ep] == 2 for ep, r in replicas.items()), "one batch per partition"
+    for store in stores:
+        await store.close()

@@ -36,7 +36,7 @@ from .dispatch import read_client_messages
 from .glue import CoordinationMetadata, StorageConnector
 from .link import ClientLink
 from .partition import Partition
-from .store import ReplicatedStore, ReplicationBudget
+from .store import ReplicatedStore, ReplicationBudget, StreamPump
 from .vote import quorum_of
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ class WaltzServer:
         self.feed_budget = CacheBudget(config.server.feed_cache_budget)
         self.data_budget = CacheBudget(config.server.data_cache_budget)
         self.replication_budget = ReplicationBudget(config.server.replication_buffer_budget)
+        self.stream_pump = StreamPump()
         # Resolve the lock-table strategy now so a bad name fails at start, not at the first partition.
         self.registries.resolve("lock_table", config.server.lock_table)
 
@@ -142,7 +143,7 @@ class WaltzServer:
         # A plugin's commit rule, asked once per partition; the majority when no plugin has one.
         commit_quorum = self.runtime.hook.waltz_commit_quorum(server_name=self.name, partition_id=pid) or quorum_of
         store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server,
-                                self.replication_budget, commit_quorum)
+                                self.replication_budget, commit_quorum, self.stream_pump)
         server_cfg, regs = self.config.server, self.registries
         labels = {"partition": str(pid)}
         latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",
