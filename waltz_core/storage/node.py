@@ -432,6 +432,7 @@ class PartitionWorker:
                             for name in ("open", "last_session_info", "set_low_water_mark", "truncate", "append",
                                          "record_header", "record", "max_transaction_id", "record_header_list",
                                          "record_list")}
+        self._m_appends = self._m_requests["append"]
         self._m_failures = m.counter("storage_failures", "Requests answered with a failure.", labels)
         self._m_records = m.counter("storage_appended_records", "Records appended.", labels)
         self._m_syncs = m.counter("storage_append_batches", "Append batches (a partition's group commits; "
@@ -629,8 +630,9 @@ class PartitionWorker:
             group.clear()
             return False
 
-        def write_journaled() -> None:
-            """Journal mode: write the group into the partition's files; the journal makes it durable."""
+        def write_journaled(last: bool = False) -> None:
+            """Journal mode: write the group into the partition's files; the journal makes it
+            durable. A new group follows unless it is the batch's ``last``."""
             nonlocal group
             if not group.items:
                 return
@@ -648,7 +650,8 @@ class PartitionWorker:
                 group.clear()
                 return
             written.append(group)
-            group = _AppendGroup()
+            if not last:
+                group = _AppendGroup()
 
         def settle() -> None:
             """Before anything but an append: every append before it is durable and answered."""
@@ -671,7 +674,7 @@ class PartitionWorker:
                 continue
             try:
                 if type(work) is sm.StorageAppendRequest:
-                    self._m_requests["append"].inc()
+                    self._m_appends.inc()
                     self._check(work, work.offline)
                     if group.count and group.count + len(work.records) > limit:
                         if journaled:
@@ -692,7 +695,7 @@ class PartitionWorker:
                 response = failure_for(work, StorageError(f"internal error: {exc!r}"))
             out.append((item.reply, response))
         if journaled:
-            write_journaled()
+            write_journaled(last=True)
             return written
         return [group] if flush(last=True) else []
 
