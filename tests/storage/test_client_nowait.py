@@ -88,3 +88,19 @@ async def test_closing_the_client_answers_what_is_outstanding(node: NodeHarness)
     await client.close()
     results = await asyncio.wait_for(asyncio.gather(*answers), 10)
     assert all(r is None or isinstance(r, ConnectionClosedError) for r in results)
+
+
+async def test_a_callback_that_raises_is_logged_and_the_connection_goes_on(
+        node: NodeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in one answer's callback must not end the reader: every other request of the
+    connection would wait for an answer that never comes."""
+    client = await node.client()
+
+    def broken(_error: WaltzError | None) -> None:
+        raise RuntimeError("a bug in the callback")
+
+    client.append_nowait(1, 0, RecordBatch.from_records(make_records(0, 2)), broken)
+    assert await _append(client, 1, 0, RecordBatch.from_records(make_records(2, 2))) is None
+    assert not client.closed
+    assert await client.max_transaction_id(1, 0) == 3
+    assert "a response callback failed" in caplog.text

@@ -200,7 +200,10 @@ class _Pipeline:
                 elif isinstance(msg, self._failure_types):
                     _answer(waiter, None, error_from_wire(msg.error_code, msg.message))
                 else:
-                    _answer(waiter, msg, None)
+                    try:  # _answer inlined: once per append and replica
+                        waiter(msg, None)
+                    except Exception:
+                        log.exception("storage client: a response callback failed")
         except ConnectionClosedError as exc:
             self._fail(exc)
         except (ProtocolError, TransportError) as exc:
