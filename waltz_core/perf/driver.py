@@ -184,14 +184,41 @@ class _TimelineRun(_Run):
         super().committed(latency, executions)
 
 
+class _Slots:
+    """The closed loop's free places of one client and partition: a completed transaction gives
+    its worker's place back and wakes the partition's producer task, once per loop step however
+    many completed in it (a task per worker woke once per transaction: 64 wake-ups for one
+    commit batch of 64)."""
+
+    __slots__ = ("free", "_waiter")
+
+    def __init__(self, workers: int) -> None:
+        self.free = list(range(workers))  #: workers without a transaction in flight
+        self._waiter: asyncio.Future[None] | None = None
+
+    def give_back(self, worker: int) -> None:
+        self.free.append(worker)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> None:
+        while not self.free:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+
+
 class _PerfTransaction(TransactionContext):
     def __init__(self, run: _Run, partition: int, lock: PartitionLocalLock | None,
-                 done: asyncio.Future[None] | None, scheduled: float | None = None) -> None:
+                 done: _Slots | None, scheduled: float | None = None, worker: int = 0) -> None:
         super().__init__()
         self.run = run
         self.partition = partition
         self.lock = lock
-        self.done = done
+        self.done = done  #: where the closed loop's worker gets its place back; None in the open loop
+        self.worker = worker
         #: latency starts here: the open loop's scheduled arrival, so a driver that falls behind
         #: its schedule (timer resolution, a busy loop) cannot hide that delay
         self.started = time.perf_counter() if scheduled is None else scheduled
@@ -233,8 +260,10 @@ class _PerfTransaction(TransactionContext):
         self._release()
 
     def _release(self) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
+        done = self.done
+        if done is not None:
+            self.done = None  # once: a failure after the application must not give a place back twice
+            done.give_back(self.worker)
 
 
 async def start_client(config: ClientProcessConfig, partitions: Sequence[int], *, in_flight: int = 5,
@@ -291,9 +320,10 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
                 tasks.extend(asyncio.create_task(_open_loop(run, client, pid, share, rng)) for pid in partitions)
             else:
                 for pid in partitions:
-                    for w in range(options.in_flight):
-                        lock = PartitionLocalLock("perf-own", (ci << 20) | w) if options.own_locks else None
-                        tasks.append(asyncio.create_task(_worker(run, client, pid, lock, rng)))
+                    own = [PartitionLocalLock("perf-own", (ci << 20) | w) for w in range(options.in_flight)] \
+                        if options.own_locks else None
+                    tasks.append(asyncio.create_task(_closed_loop(run, client, pid, _Slots(options.in_flight), own,
+                                                                  rng)))
         t0 = time.perf_counter()
         await _tick_until(run, t0, t0 + options.warmup, None, progress)
         before = await asyncio.to_thread(scrape_storages, metrics_urls)
@@ -355,13 +385,18 @@ def _pool_lock(run: _Run, rng: random.Random) -> PartitionLocalLock | None:
     return PartitionLocalLock("perf", rng.randrange(pool)) if pool > 0 else None
 
 
-async def _worker(run: _Run, client: AsyncWaltzClient, pid: int, own: PartitionLocalLock | None,
-                  rng: random.Random) -> None:
-    loop = asyncio.get_running_loop()
+async def _closed_loop(run: _Run, client: AsyncWaltzClient, pid: int, slots: _Slots,
+                       own: list[PartitionLocalLock] | None, rng: random.Random) -> None:
+    """``client.max_concurrent_transactions`` workers of one partition, each with one transaction
+    in flight: when a worker's transaction completed, it submits the next (from this task, which
+    a batch of completions wakes once). ``own``: each worker's own lock (else the pool's)."""
+    free = slots.free
     while not run.stopping:
-        done: asyncio.Future[None] = loop.create_future()
-        await client.submit(_PerfTransaction(run, pid, own or _pool_lock(run, rng), done))
-        await done
+        await slots.wait()
+        while free and not run.stopping:
+            worker = free.pop()
+            lock = own[worker] if own is not None else _pool_lock(run, rng)
+            await client.submit(_PerfTransaction(run, pid, lock, slots, worker=worker))
 
 
 async def _open_loop(run: _Run, client: AsyncWaltzClient, pid: int, rate: float, rng: random.Random) -> None:
