@@ -115,3 +115,27 @@ async def test_partitions_sharing_a_stream_pump_send_their_batches_from_one_loop
     assert all(r.nowait_appends - before[ep] == 2 for ep, r in replicas.items()), "one batch per partition"
     for store in stores:
         await store.close()
+
+
+async def test_a_stream_pump_goes_on_past_a_session_whose_pump_raises(caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from waltz_core.server.store import StreamPump
+
+    pumped: list[int] = []
+
+    class Session:
+        def __init__(self, partition_id: int, broken: bool) -> None:
+            self.partition_id, self.broken = partition_id, broken
+
+        def pump(self) -> None:
+            if self.broken:
+                raise RuntimeError("a bug")
+            pumped.append(self.partition_id)
+
+    pump = StreamPump()
+    for session in (Session(0, True), Session(1, False)):
+        pump.schedule(session)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert pumped == [1]
+    assert "partition 0: sending its replicas their batches failed" in caplog.text

@@ -107,7 +107,10 @@ class StreamPump:
         self._scheduled = False
         sessions, self._sessions = self._sessions, []
         for session in sessions:
-            session.pump()
+            try:
+                session.pump()
+            except Exception:  # one partition's bug must not leave the others' records unsent
+                log.exception("partition %d: sending its replicas their batches failed", session.partition_id)
 
 
 class _ReplicaSession:
