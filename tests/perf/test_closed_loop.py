@@ -32,7 +32,7 @@ async def test_each_worker_keeps_one_transaction_in_flight_and_a_batch_of_comple
     run = driver._Run(ProduceOptions(in_flight=4), b"x")
     client = FakeClient()
     own = [PartitionLocalLock("perf-own", w) for w in range(4)]
-    task = asyncio.create_task(driver._closed_loop(run, client, 0, driver._Slots(4), own, random.Random(1)))  # type: ignore[arg-type]
+    task = asyncio.create_task(driver._closed_loop(run, client, 0, 4, own, random.Random(1)))  # type: ignore[arg-type]
     await _settle()
     first = list(client.submitted)
     assert len(first) == 4 and sorted(c.worker for c in first) == [0, 1, 2, 3]

@@ -34,6 +34,7 @@ from ..client import AsyncWaltzClient, PartitionLocalLock, TransactionBuilder, T
 from ..client.api import Transaction
 from ..config import ClientProcessConfig
 from ..errors import WaltzError
+from ..inbox import Inbox
 from . import timeline
 from .cluster import StorageCounters, scrape_storages
 from .cpu import CpuSample
@@ -184,40 +185,16 @@ class _TimelineRun(_Run):
         super().committed(latency, executions)
 
 
-class _Slots:
-    """The closed loop's free places of one client and partition: a completed transaction gives
-    its worker's place back and wakes the partition's producer task, once per loop step however
-    many completed in it (a task per worker woke once per transaction: 64 wake-ups for one
-    commit batch of 64)."""
-
-    __slots__ = ("free", "_waiter")
-
-    def __init__(self, workers: int) -> None:
-        self.free = list(range(workers))  #: workers without a transaction in flight
-        self._waiter: asyncio.Future[None] | None = None
-
-    def give_back(self, worker: int) -> None:
-        self.free.append(worker)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait(self) -> None:
-        while not self.free:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            await waiter
-
-
 class _PerfTransaction(TransactionContext):
     def __init__(self, run: _Run, partition: int, lock: PartitionLocalLock | None,
-                 done: _Slots | None, scheduled: float | None = None, worker: int = 0) -> None:
+                 done: Inbox[int] | None, scheduled: float | None = None, worker: int = 0) -> None:
         super().__init__()
         self.run = run
         self.partition = partition
         self.lock = lock
-        self.done = done  #: where the closed loop's worker gets its place back; None in the open loop
+        #: the closed loop's workers without a transaction in flight, where this one's worker goes
+        #: back once it completed (None in the open loop)
+        self.done = done
         self.worker = worker
         #: latency starts here: the open loop's scheduled arrival, so a driver that falls behind
         #: its schedule (timer resolution, a busy loop) cannot hide that delay
@@ -263,7 +240,7 @@ class _PerfTransaction(TransactionContext):
         done = self.done
         if done is not None:
             self.done = None  # once: a failure after the application must not give a place back twice
-            done.give_back(self.worker)
+            done.put(self.worker)
 
 
 async def start_client(config: ClientProcessConfig, partitions: Sequence[int], *, in_flight: int = 5,
@@ -322,8 +299,7 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
                 for pid in partitions:
                     own = [PartitionLocalLock("perf-own", (ci << 20) | w) for w in range(options.in_flight)] \
                         if options.own_locks else None
-                    tasks.append(asyncio.create_task(_closed_loop(run, client, pid, _Slots(options.in_flight), own,
-                                                                  rng)))
+                    tasks.append(asyncio.create_task(_closed_loop(run, client, pid, options.in_flight, own, rng)))
         t0 = time.perf_counter()
         await _tick_until(run, t0, t0 + options.warmup, None, progress)
         before = await asyncio.to_thread(scrape_storages, metrics_urls)
@@ -385,18 +361,22 @@ def _pool_lock(run: _Run, rng: random.Random) -> PartitionLocalLock | None:
     return PartitionLocalLock("perf", rng.randrange(pool)) if pool > 0 else None
 
 
-async def _closed_loop(run: _Run, client: AsyncWaltzClient, pid: int, slots: _Slots,
+async def _closed_loop(run: _Run, client: AsyncWaltzClient, pid: int, workers: int,
                        own: list[PartitionLocalLock] | None, rng: random.Random) -> None:
-    """``client.max_concurrent_transactions`` workers of one partition, each with one transaction
-    in flight: when a worker's transaction completed, it submits the next (from this task, which
-    a batch of completions wakes once). ``own``: each worker's own lock (else the pool's)."""
-    free = slots.free
+    """``workers`` (``client.max_concurrent_transactions``) of one partition, each with one
+    transaction in flight: a worker whose transaction completed submits the next. They share this
+    task, which the completions of a batch wake once (a task per worker woke once per
+    transaction: 64 wake-ups for a commit batch of 64). ``own``: each worker's own lock (else the
+    pool's)."""
+    free: Inbox[int] = Inbox(workers + 1)  # never full: a worker is in it or has a transaction in flight
+    for worker in range(workers):
+        free.put(worker)
     while not run.stopping:
-        await slots.wait()
+        await free.wait()
         while free and not run.stopping:
-            worker = free.pop()
+            worker = free.popleft()
             lock = own[worker] if own is not None else _pool_lock(run, rng)
-            await client.submit(_PerfTransaction(run, pid, lock, slots, worker=worker))
+            await client.submit(_PerfTransaction(run, pid, lock, free, worker=worker))
 
 
 async def _open_loop(run: _Run, client: AsyncWaltzClient, pid: int, rate: float, rng: random.Random) -> None:
