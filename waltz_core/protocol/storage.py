@@ -287,9 +287,7 @@ def encode_append(session_id: int, seq_num: int, partition_id: int, records: Rec
 
 @CODEC.encoder(StorageAppendRequest)
 def _enc_append(m: StorageAppendRequest) -> bytes:
-    out = _batch_message(m)
-    out.append(_FLAGS[1 if m.offline else 0])
-    return b"".join(out)
+    return encode_append(m.session_id, m.seq_num, m.partition_id, m.records, m.offline)
 
 
 @CODEC.encoder(RecordListResponse)
