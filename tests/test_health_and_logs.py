@@ -57,6 +57,13 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str)
         await asyncio.sleep(0.1)
 
 
+def assert_alive(answer: tuple[int, Any]) -> None:
+    """``/livez`` answered 200, alive, with the event loop's lag (about 0 in these tests)."""
+    status, body = answer
+    assert status == 200 and body["alive"] is True, answer
+    assert set(body) == {"alive", "event_loop_lag_seconds"} and 0.0 <= body["event_loop_lag_seconds"] < 30, answer
+
+
 def check_json_line(line: str) -> dict[str, Any]:
     record = json.loads(line)
     assert isinstance(record, dict), line
@@ -93,15 +100,94 @@ async def test_livez_stays_200_while_readyz_and_health_answer_503_with_reasons()
     ep = HttpEndpoint(service_name="t", version="0", health=lambda: (state["ok"], {"reasons": state["reasons"]}))
     await ep.start("127.0.0.1", 0)
     try:
-        assert await get(ep.address, "/livez") == (200, {"alive": True})
+        assert_alive(await get(ep.address, "/livez"))
         assert await get(ep.address, "/readyz") == (200, {"ready": True, "reasons": []})
         state.update(ok=False, reasons=["partition 0 is recovering (not open yet)"])
-        assert await get(ep.address, "/livez") == (200, {"alive": True})
+        assert_alive(await get(ep.address, "/livez"))
         assert await get(ep.address, "/readyz") == (503, {"ready": False,
                                                           "reasons": ["partition 0 is recovering (not open yet)"]})
         assert (await get(ep.address, "/health"))[0] == 503
     finally:
         await ep.close()
+
+
+def _blocking_get(address: str, path: str) -> tuple[int, bytes]:
+    """GET from another thread, with plain sockets (the test's event loop is the stalled one)."""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def test_the_endpoint_answers_while_the_process_loop_is_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage node's file work on a slow disk, or a long collection, stalls the process's
+    loop: the endpoint's own thread still serves /metrics and the probes, and says so."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from waltz_core import http
+    from waltz_core.http import HttpResponse
+    from waltz_core.metrics import MetricsRegistry
+
+    registry = MetricsRegistry()
+    registry.counter("appends", "Appends.").inc(7)
+
+    async def extra(_q: object) -> HttpResponse:
+        return HttpResponse(200, b"extra\n")
+
+    ep = HttpEndpoint(service_name="waltz-storage", version="0", metrics=registry,
+                      health=lambda: (True, {"reasons": []}), routes={"/extra": extra})
+    await ep.start("127.0.0.1", 0)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            def ask_later(path: str) -> Any:
+                def ask() -> tuple[int, bytes]:
+                    time.sleep(1.4)  # into the stall below
+                    return _blocking_get(ep.address, path)
+                return pool.submit(ask)
+
+            answers = {path: ask_later(path) for path in ("/livez", "/readyz", "/metrics", "/extra")}
+            time.sleep(2.6)  # noqa: ASYNC251 - the process's loop stalls (this test's own loop), on purpose
+            got = {path: f.result(timeout=10) for path, f in answers.items()}
+        status, body = got["/livez"]
+        livez = json.loads(body)
+        assert status == 200 and livez["alive"] is True and livez["event_loop_lag_seconds"] > 0.5, got
+        status, body = got["/readyz"]
+        readyz = json.loads(body)
+        assert status == 503 and readyz["ready"] is False, got
+        assert readyz["reasons"][0].startswith("the event loop of waltz-storage did not answer within"), readyz
+        status, body = got["/metrics"]
+        text = body.decode()
+        assert status == 200 and "waltz_appends_total 7" in text, got
+        lag = float(next(line.split()[1] for line in text.splitlines()
+                         if line.startswith("waltz_event_loop_lag_seconds ")))
+        assert lag > 0.5, text
+        assert got["/extra"][0] == 503 and b"did not answer" in got["/extra"][1], got
+        # The loop turns again: everything answers as usual.
+        await asyncio.sleep(0.6)
+        assert_alive(await get(ep.address, "/livez"))
+        assert await get(ep.address, "/readyz") == (200, {"ready": True, "reasons": []})
+        # A loop that does not turn for LOOP_STALL_NOT_ALIVE seconds fails liveness (a restart is the cure).
+        monkeypatch.setattr(http, "LOOP_STALL_NOT_ALIVE", 0.3)
+        with ThreadPoolExecutor(1) as pool:
+            def late_livez() -> tuple[int, bytes]:
+                time.sleep(1.2)
+                return _blocking_get(ep.address, "/livez")
+
+            future = pool.submit(late_livez)
+            time.sleep(1.6)  # noqa: ASYNC251 - stalled on purpose, as above
+            status, body = future.result(timeout=10)
+        assert status == 503 and json.loads(body)["alive"] is False, body
+    finally:
+        await ep.close()
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "waltz-storage-http"]  # close() ended its thread
 
 
 async def test_storage_node_is_ready_only_while_serving(tmp_path: Path) -> None:
@@ -122,7 +208,7 @@ async def test_server_not_ready_without_a_storage_quorum_and_ready_again(tmp_pat
         server = cluster.servers[0].http_address
         storages = [f"127.0.0.1:{node.http_port}" for node in spec.storages]
         for address in [server, *storages]:
-            assert await get(address, "/livez") == (200, {"alive": True})
+            assert_alive(await get(address, "/livez"))
         for address in storages:
             assert await get(address, "/readyz") == (200, {"ready": True, "partitions": 2, "broken_partitions": {},
                                                            "reasons": []})
@@ -142,7 +228,7 @@ async def test_server_not_ready_without_a_storage_quorum_and_ready_again(tmp_pat
         assert body["partitions"] == {"0": False, "1": False}
         assert body["reasons"] == [f"partition {p} reaches 1 of its 3 storage replicas; a commit needs 2"
                                    for p in (0, 1)]
-        assert await get(server, "/livez") == (200, {"alive": True})  # alive: no restart would help
+        assert_alive(await get(server, "/livez"))  # alive: no restart would help
         status, body = await get(server, "/health")
         assert status == 503 and body["healthy"] is False
         assert (await get(storages[0], "/readyz"))[0] == 200  # the storage node left is fine
@@ -170,7 +256,7 @@ def test_storage_start_logs_json_lines_and_serves_livez_readyz(tmp_path: Path, h
         assert proc.stdout is not None
         ready = proc.stdout.readline()
         assert ready.startswith("waltz storage ready"), ready
-        assert asyncio.run(get(f"127.0.0.1:{http}", "/livez")) == (200, {"alive": True})
+        assert_alive(asyncio.run(get(f"127.0.0.1:{http}", "/livez")))
         status, body = asyncio.run(get(f"127.0.0.1:{http}", "/readyz"))
         assert status == 200 and body["ready"] is True and body["partitions"] == 2
     finally:

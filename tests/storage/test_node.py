@@ -284,6 +284,29 @@ async def test_a_bug_in_a_batch_fails_its_requests_and_the_partition_goes_on(har
     assert await c.record_list(1, 0, 0, 10) == tuple(make_records(0, 2))
 
 
+async def test_a_round_of_file_work_held_too_long_makes_the_node_not_ready(
+        tmp_path, cluster_key, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow or hung disk holds an I/O thread inside one round: /readyz says which thread and
+    for how long, the gauge storage_io_round_seconds grows, and both clear when the round ends."""
+    from waltz_core.storage import node as node_module
+
+    monkeypatch.setattr(node_module, "IO_ROUND_STALL_NOT_READY", 0.2)
+    async with _started_node(tmp_path, cluster_key, 0) as (_h, node):
+        assert node.healthy()[0] is True
+        async with io_thread_blocked(node.workers[0]):
+            await asyncio.sleep(0.3)
+            ready, details = node.healthy()
+            assert ready is False
+            [reason] = details["reasons"]
+            assert reason.startswith("storage-io-0 has been in one round of file work for "), reason
+            assert "(a slow or hung disk?)" in reason
+            gauge = [line for line in node.metrics.render_prometheus().splitlines()
+                     if line.startswith('waltz_storage_io_round_seconds{thread="0"}')]
+            assert len(gauge) == 1 and float(gauge[0].split()[1]) > 0.2, gauge
+        assert node.healthy() == (True, {"partitions": node.num_partitions, "broken_partitions": {}, "reasons": []})
+        assert 'waltz_storage_io_round_seconds{thread="0"} 0' in node.metrics.render_prometheus()
+
+
 @pytest.mark.parametrize("io_threads", [0, 1])
 async def test_close_answers_or_drops_queued_work_without_hanging(tmp_path, cluster_key, io_threads: int) -> None:
     h = NodeHarness(tmp_path, cluster_key, node_options={"io_threads": io_threads})

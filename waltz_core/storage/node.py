@@ -75,6 +75,9 @@ log = logging.getLogger("waltz.storage.node")
 
 #: Largest record list served in one response; a larger max_records is served in several calls.
 MAX_LIST_RECORDS = 10_000
+#: A round of file work (writes, fdatasyncs, a checkpoint) running longer than this makes the
+#: node not ready (``/readyz``): its partitions' requests are waiting on the disk.
+IO_ROUND_STALL_NOT_READY: Final = 5.0
 _ROLE = "waltz-storage"
 
 
@@ -214,7 +217,12 @@ class IoThread:
         self.journal_error: BaseException | None = None
         #: partitions with journaled records not yet synced in their own files
         self.dirty: set[PartitionWorker] = set()
+        #: time.monotonic() at the start of the round under way, 0.0 between rounds (read by health())
+        self.round_started = 0.0
         m, labels = node.metrics, {"thread": str(index)}
+        m.gauge("storage_io_round_seconds", "Seconds the I/O thread's round of file work under way has run (0 "
+                                            "between rounds): grows while a slow or hung disk holds it.", labels,
+                fn=self.round_age)
         self.m_syncs = m.counter("storage_append_syncs", "fdatasyncs that made appends durable: one per partition "
                                                          "batch without the node journal, one per round with it.",
                                  labels)
@@ -264,6 +272,18 @@ class IoThread:
     def run_round(self, rang: list[PartitionWorker | None]) -> tuple[Replies, bool]:
         """One round over the partitions that rang (None: stop after it): their replies, and
         whether the thread stops."""
+        self.round_started = time.monotonic()
+        try:
+            return self._run_round(rang)
+        finally:
+            self.round_started = 0.0
+
+    def round_age(self, now: float | None = None) -> float:
+        """Seconds the round under way has run; 0.0 between rounds."""
+        started = self.round_started
+        return ((time.monotonic() if now is None else now) - started) if started else 0.0
+
+    def _run_round(self, rang: list[PartitionWorker | None]) -> tuple[Replies, bool]:
         replies: Replies = []
         written: dict[PartitionWorker, list[_AppendGroup]] = {}
         stop = False
@@ -372,7 +392,8 @@ class LoopRounds(IoThread):
     every partition that rang has queued, like a thread's round, and answers at once. This saves
     the hand-offs between the loop and a thread (a wake-up each way and the GIL) per round; the
     price is that the loop does nothing else while the round writes and waits for its fdatasync,
-    so a slow or hung disk also stalls this node's network handling, admin port and metrics.
+    so a slow or hung disk also stalls this node's network handling and admin port (the HTTP
+    endpoint has a thread of its own: ``/metrics`` and the probes answer, and say the loop is late).
     """
 
     def __init__(self, node: StorageNode, index: int) -> None:
@@ -991,10 +1012,15 @@ class StorageNode:
         self.layout.close()
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
-        """Ready (``/readyz``): serving, and no partition refused to open; ``reasons`` say why not."""
+        """Ready (``/readyz``): serving, no partition refused to open and no round of file work
+        under way for more than IO_ROUND_STALL_NOT_READY seconds; ``reasons`` say why not."""
         broken = {w.partition_id: str(w.error) for w in self.workers if w.error is not None}
         reasons = [] if self.state == "serving" else [f"storage node is {self.state}"]
         reasons += [f"partition {pid} is broken: {error}" for pid, error in broken.items()]
+        now = time.monotonic()
+        reasons += [f"{io.name} has been in one round of file work for {age:.1f}s (a slow or hung disk?); its "
+                    f"partitions' requests wait" for io in self.io_threads
+                    if (age := io.round_age(now)) > IO_ROUND_STALL_NOT_READY]
         return not reasons, {"partitions": len(self.workers), "broken_partitions": broken, "reasons": reasons}
 
     def _worker(self, partition_id: int) -> PartitionWorker:
