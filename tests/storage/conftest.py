@@ -14,7 +14,7 @@ import pytest
 
 from waltz_core.protocol.wire import Record, ReqId
 from waltz_core.storage.client import StorageAdminClient, StorageClient
-from waltz_core.storage.node import PartitionWorker, StorageNode
+from waltz_core.storage.node import LoopRounds, PartitionWorker, StorageNode
 from waltz_core.storage.segmented import SegmentedLayout
 from waltz_core.transport.memory import MemoryTransport
 
@@ -25,6 +25,8 @@ NUM_PARTITIONS = 4
 async def io_thread_blocked(worker: PartitionWorker) -> AsyncIterator[None]:
     """The I/O thread of ``worker`` stays inside one round (a call waiting on the loop) until the
     block ends; what is queued meanwhile waits for the next round."""
+    # On the loop's own rounds the blocker would wait for the loop it blocks: fail, do not hang.
+    assert not isinstance(worker.io, LoopRounds), "io_thread_blocked needs an I/O thread: start the node with io_threads=1"
     gate = asyncio.Event()
     loop = asyncio.get_running_loop()
     blocker = asyncio.ensure_future(worker.call(lambda: asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()))

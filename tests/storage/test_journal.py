@@ -386,7 +386,7 @@ async def test_a_node_that_crashed_holding_small_batches_in_memory_gets_them_bac
 async def test_one_round_of_several_partitions_is_one_journal_write_and_no_partition_fdatasync(
         tmp_path: Path, cluster_key) -> None:
     syncs: list[int] = []
-    async with _journaled_node(tmp_path, cluster_key, 0, 1, 2) as (node, c):
+    async with _journaled_node(tmp_path, cluster_key, 0, 1, 2, io_threads=1) as (node, c):
         for worker in node.workers[:3]:
             store = worker.store
             assert store is not None
@@ -497,7 +497,7 @@ async def test_offline_recovery_opens_a_crashed_directory_with_its_journal_repla
 
 async def test_groups_split_by_max_batch_records_share_the_round_journal_write_until_another_request(
         tmp_path: Path, cluster_key) -> None:
-    async with _journaled_node(tmp_path, cluster_key, 0, max_batch_records=2) as (node, c):
+    async with _journaled_node(tmp_path, cluster_key, 0, max_batch_records=2, io_threads=1) as (node, c):
         writes = _record_calls(node.io_threads[0].journal, lambda entries: [(e[1], e[2]) for e in entries])
         async with io_thread_blocked(node.workers[0]):  # what is queued meanwhile is one batch of the next round
             calls = [asyncio.ensure_future(c.append(1, 0, make_records(first, 2))) for first in (0, 2, 4)]

@@ -291,7 +291,7 @@ async def test_a_round_of_file_work_held_too_long_makes_the_node_not_ready(
     from waltz_core.storage import node as node_module
 
     monkeypatch.setattr(node_module, "IO_ROUND_STALL_NOT_READY", 0.2)
-    async with _started_node(tmp_path, cluster_key, 0) as (_h, node):
+    async with _started_node(tmp_path, cluster_key, 0, io_threads=1) as (_h, node):
         assert node.healthy()[0] is True
         async with io_thread_blocked(node.workers[0]):
             await asyncio.sleep(0.3)
