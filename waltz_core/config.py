@@ -164,14 +164,12 @@ class StorageNodeConfig:
                                       "journal's one.", validator=AT_LEAST_ONE)
     queue_size: int = key(100, "Requests queued per partition before the node stops reading from a connection.",
                           validator=AT_LEAST_ONE)
-    io_threads: int = key(0, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions, each "
-                             "with its own journal; a partition always uses the same one. 0: the file work runs on "
-                             "the node's event loop, in rounds like one thread's, without a hand-off between the "
-                             "loop and a thread (least CPU); the loop then handles no connection while a round "
-                             "waits for the disk (the HTTP endpoint has its own thread). More threads overlap the "
-                             "fdatasyncs of different partitions (disks that gain from parallel syncs) at the cost "
-                             "of thread switches and GIL hand-offs and, with the journal, of one fdatasync per "
-                             "thread and round (docs/performance.md).",
+    io_threads: int = key(1, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions, each "
+                             "with its own journal; a partition always uses the same one. More threads overlap the "
+                             "fdatasyncs of different partitions at the cost of thread switches and, with the "
+                             "journal, of one fdatasync per thread and round. 0: the file work runs on the event "
+                             "loop (least CPU; a slow disk then stalls the node's network handling too; "
+                             "docs/performance.md).",
                           validator=NON_NEGATIVE)
     journal: bool = key(True, "Make the appends of every partition an I/O thread handles in one round durable with one "
                               "write and one fdatasync of a node journal (storage-dir/journal/); the partition files "

@@ -386,7 +386,7 @@ class IoThread:
 
 
 class LoopRounds(IoThread):
-    """``io_threads = 0`` (the default): the rounds run on the event loop itself, no I/O thread.
+    """``io_threads = 0``: the rounds run on the event loop itself, no I/O thread.
 
     A partition that rings schedules one round for the loop's next iteration, which takes what
     every partition that rang has queued, like a thread's round, and answers at once. This saves
@@ -907,7 +907,7 @@ class StorageNode:
     """
 
     def __init__(self, layout: StorageLayout, cluster_key: uuid.UUID, num_partitions: int, *, queue_size: int = 100,
-                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 0,
+                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 1,
                  journal: bool = True, journal_checkpoint_bytes: int = 64 * 1024 * 1024,
                  metrics: MetricsRegistry | None = None, name: str = "storage") -> None:
         if io_threads < 0:
