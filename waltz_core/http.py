@@ -182,7 +182,10 @@ class HttpEndpoint:
             return
         self.heartbeat.stop()
         assert self._own_loop is not None and self._stopping is not None
-        self._own_loop.call_soon_threadsafe(self._stopping.set)
+        try:
+            self._own_loop.call_soon_threadsafe(self._stopping.set)
+        except RuntimeError:  # its loop is closed: the thread ended by itself (and logged why)
+            pass
         await asyncio.wrap_future(self._stopped)
         self._thread.join(1.0)  # it has returned from its last call: this is at most a moment
         self._thread = None
