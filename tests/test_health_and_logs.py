@@ -1,7 +1,8 @@
 """Health and logs: ``/livez`` and ``/readyz`` with the usual codes, and ``--log-format json``.
 
-Liveness answers while the event loop serves; readiness answers 503 with the reasons while the
-process cannot do its job (a server without a storage quorum, a storage node not serving yet).
+The endpoint answers from a thread of its own: liveness fails only after a long stall of the
+process's event loop, and readiness answers 503 with the reasons while the process cannot do its
+job (a server without a storage quorum, a storage node not serving yet, a loop that does not answer).
 ``--log-format json`` makes every stderr line of a long-running command a JSON object, in the
 processes ``waltz up`` starts too.
 """
