@@ -98,8 +98,8 @@ class LoopHeartbeat:
         assert self._loop is not None
         self._handle = self._loop.call_later(self.interval, self._beat)
 
-    def lag(self, now: float | None = None) -> float:
-        late = (time.monotonic() if now is None else now) - self._last - self.interval
+    def lag(self) -> float:
+        late = time.monotonic() - self._last - self.interval
         return late if late > 0.0 else 0.0
 
 
