@@ -20,7 +20,6 @@ Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from waltz_core.eventloop import event_loop_from_env, loop_name, run
 from waltz_core.perf.cluster import local_cluster
 from waltz_core.perf.driver import ProduceOptions, ProduceResult, consume, produce
 
@@ -226,6 +226,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     consume_rows = await _consume_shapes(args)
     return {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
+            "event_loop": loop_name(),
             "comparison": comparison, "produce": produce_rows, "consume": consume_rows}
 
 
@@ -244,12 +245,13 @@ def cli() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
     args = parser.parse_args()
     logging.getLogger("waltz.client").addFilter(lambda record: "not encrypted" not in record.getMessage())
-    report = asyncio.run(main(args))
+    report = run(main(args), event_loop_from_env())  # the loop of the nodes too (WALTZ_PROCESS_EVENT_LOOP)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(f"Run {report['started']} - {report['finished']}, {report['cores']} cores, load average "
-          f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after\n")
+          f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after, event loop "
+          f"{report['event_loop']}\n")
     print(_markdown(report))
 
 

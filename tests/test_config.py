@@ -133,7 +133,7 @@ def test_unknown_key_lists_the_known_keys(tmp_path: Path) -> None:
 def test_unknown_section_lists_the_sections(tmp_path: Path) -> None:
     path = write(tmp_path, "[sever]\nport = 1\n")
     with pytest.raises(ConfigError, match=r"sever: unknown key; did you mean 'server'\? "
-                                          r"\(known keys: coordination, http, security, server, transport\)"):
+                                          r"\(known keys: coordination, http, process, security, server, transport\)"):
         load(ServerProcessConfig, path, environ=NO_ENV)
 
 

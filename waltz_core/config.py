@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 
 from .errors import ConfigError
+from .eventloop import EVENT_LOOPS
 
 if TYPE_CHECKING:
     from .plugins import Registries
@@ -142,6 +143,17 @@ class SecurityConfig:
                "TLS ([transport.tcp] tls_cert/tls_key/tls_ca) or CURVE ([transport.zmq]), or set this (--insecure).")
 
 
+@attrs.frozen
+class ProcessConfig:
+    """How the process itself runs (a server or a storage node)."""
+
+    event_loop: str = key(
+        "auto", "Event loop: auto (uvloop when installed, else asyncio), asyncio, or uvloop (an error when it is "
+                "not installed; pip install 'waltz-core[speedups]'). uvloop spends less CPU per transaction "
+                "(docs/performance.md).",
+        validator=requirement(lambda v: v in EVENT_LOOPS, "must be one of " + ", ".join(EVENT_LOOPS)))
+
+
 # ------------------------------------------------------------------------------------ per process
 
 
@@ -197,6 +209,7 @@ class StorageProcessConfig:
     coordination: CoordinationConfig = key(CoordinationConfig(), "Coordination backend (cluster key and partition count).")
     http: HttpConfig = key(HttpConfig(), "HTTP endpoint.")
     security: SecurityConfig = key(SecurityConfig(), "Plaintext rules.")
+    process: ProcessConfig = key(ProcessConfig(), "The process (its event loop).")
 
 
 @attrs.frozen
@@ -261,6 +274,7 @@ class ServerProcessConfig:
     coordination: CoordinationConfig = key(CoordinationConfig(), "Coordination backend.")
     http: HttpConfig = key(HttpConfig(), "HTTP endpoint.")
     security: SecurityConfig = key(SecurityConfig(), "Plaintext rules.")
+    process: ProcessConfig = key(ProcessConfig(), "The process (its event loop).")
 
 
 @attrs.frozen

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
+from .eventloop import loop_name
+
 DEFAULT_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                           2.5, 5.0, 10.0)
 
@@ -228,13 +230,14 @@ def _proc_stat() -> list[bytes]:
 
 def process_registry(service: str, version: str) -> MetricsRegistry:
     """``process_*`` (the names, types and units of prometheus_client's ProcessCollector, read
-    from /proc at render time) and ``waltz_build_info{service, version, python} 1``: what every
-    dashboard expects of a process, beside the process's own metrics. Without /proc (not
-    Linux) only the build info, CPU time and the descriptor limit."""
+    from /proc at render time) and ``waltz_build_info{service, version, python, event_loop} 1``
+    (``event_loop``: uvloop or asyncio, the loop running the call, see :mod:`waltz_core.eventloop`):
+    what every dashboard expects of a process, beside the process's own metrics. Without /proc
+    (not Linux) only the build info, CPU time and the descriptor limit."""
     reg = MetricsRegistry(prefix="")
     python = ".".join(map(str, sys.version_info[:3]))
     reg.gauge("waltz_build_info", "Waltz build of this process (the value is always 1)",
-              {"service": service, "version": version, "python": python}).set(1)
+              {"service": service, "version": version, "python": python, "event_loop": loop_name()}).set(1)
     reg.counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.",
                 fn=lambda: sum(os.times()[:2]))
     reg.gauge("process_max_fds", "Maximum number of open file descriptors.",

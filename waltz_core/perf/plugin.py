@@ -58,7 +58,8 @@ async def _target(config_path: str | None, local: bool, partitions: int, metrics
 
 def _run(main: Callable[[], Awaitable[T]]) -> T:
     """``asyncio.run(main())`` where SIGTERM (``timeout``, ``kill``) cancels the run as Ctrl-C does,
-    so that a ``--local`` cluster is stopped instead of left running without its parent."""
+    so that a ``--local`` cluster is stopped instead of left running without its parent; on the
+    loop ``WALTZ_PROCESS_EVENT_LOOP`` names (default auto, see :mod:`waltz_core.eventloop`)."""
 
     async def guarded() -> T:
         loop = asyncio.get_running_loop()
@@ -70,8 +71,11 @@ def _run(main: Callable[[], Awaitable[T]]) -> T:
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
 
+    from ..eventloop import event_loop_from_env, run
+
+    event_loop = event_loop_from_env()
     try:
-        return asyncio.run(guarded())
+        return run(guarded(), event_loop)
     except asyncio.CancelledError:
         click.echo("waltz perf: terminated (SIGTERM); the local cluster was stopped", err=True)
         raise click.exceptions.Exit(128 + signal.SIGTERM) from None

@@ -47,6 +47,8 @@ from typing import Any
 
 import attrs
 
+from ..eventloop import on_main_loop
+
 ENV_DIR = "WALTZ_TIMELINE_DIR"
 #: watchdog period and reporting threshold, seconds (``WALTZ_TIMELINE_STALL_MS`` overrides the threshold)
 ENV_STALL_MS = "WALTZ_TIMELINE_STALL_MS"
@@ -267,7 +269,8 @@ def install(directory: str | Path, label: str, *, interval: float | None = None,
                         threshold=STALL_THRESHOLD if threshold is None else threshold)
     gc.callbacks.append(recorder.gc_callback)
     os.fdatasync = recorder.wrap_fdatasync(os.fdatasync)  # type: ignore[assignment]
-    asyncio.set_event_loop_policy(_RecordingPolicy(recorder))
+    asyncio.set_event_loop_policy(_RecordingPolicy(recorder))  # asyncio.run
+    on_main_loop(recorder.attach)  # eventloop.run (servers, storage nodes, waltz perf): asyncio or uvloop
     atexit.register(recorder.dump)
     _current = recorder
     return recorder

@@ -40,6 +40,7 @@ def start(config_path: str | None, port: int | None, http_port: int | None, inse
     import signal
 
     from ..config import ServerProcessConfig, load
+    from ..eventloop import run
     from .server import run_server
 
     overrides: dict[str, dict[str, object]] = {}
@@ -61,7 +62,7 @@ def start(config_path: str | None, port: int | None, http_port: int | None, inse
             loop.add_signal_handler(sig, stop.set)
         await run_server(config, stop, runtime)
 
-    asyncio.run(main())
+    run(main(), config.process.event_loop)
 
 
 def _admin_call(server: str, config_path: str | None, call: str, *args: object) -> object:

@@ -23,6 +23,7 @@ from ..coordination import open_coordination
 from ..coordination.metadata import ServerDescriptor
 from ..coordination.recipes import ClusterManager, ServerAssignment, StoreMetadata
 from ..errors import ConnectionClosedError, ProtocolError, TransportError, WaltzError
+from ..eventloop import loop_name
 from ..http import HttpEndpoint
 from ..locks.open import open_lock_table
 from ..metrics import MetricsRegistry
@@ -325,14 +326,15 @@ async def run_server(config: ServerProcessConfig, stop: asyncio.Event, runtime: 
     SIGINT/SIGTERM).
 
     With ``announce`` it prints one ready line on stdout once it listens and is a cluster member,
-    as the storage node does: ``waltz server ready address=... id=... http=... partitions=N``
+    as the storage node does: ``waltz server ready address=... id=... http=... partitions=N
+    event_loop=uvloop|asyncio``
     (scripts and service managers wait for it).
     """
     server = WaltzServer(config, runtime)
     await server.start()
     if announce:
         print(f"waltz server ready address={server.address} id={server.cluster.server_id} http={server.http_address} "
-              f"partitions={server.num_partitions}", flush=True)
+              f"partitions={server.num_partitions} event_loop={loop_name()}", flush=True)
     try:
         await stop.wait()
     finally:

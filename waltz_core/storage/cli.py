@@ -92,7 +92,10 @@ def start_command(config_path: str | None, cluster_key: uuid.UUID | None, num_pa
     runtime = current_runtime()
     config = load(StorageProcessConfig, config_path, overrides={"security": {"insecure": True}} if insecure else None,
                   override_sources={"security.insecure": "--insecure"}, registries=runtime.registries)
-    _run(run_storage(config, runtime, cluster_key=cluster_key, num_partitions=num_partitions))
+    from ..eventloop import run
+
+    run(run_storage(config, runtime, cluster_key=cluster_key, num_partitions=num_partitions),
+        config.process.event_loop)
 
 
 def _admin_options(fn: Callable[..., Any]) -> Callable[..., Any]:

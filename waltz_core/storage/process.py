@@ -15,6 +15,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..config import CoordinationConfig, StorageProcessConfig
+from ..eventloop import loop_name
 from ..http import HttpEndpoint
 from ..metrics import MetricsRegistry
 from ..plugins import core_version
@@ -98,7 +99,7 @@ async def run_storage(config: StorageProcessConfig, runtime: Runtime, *, cluster
         hook.waltz_process_started(kind="storage", name=name, address=data.address)
         if announce:
             print(f"waltz storage ready data={data.address} admin={admin.address} http={http_address} "
-                  f"partitions={num_partitions} repairs={len(node.repairs)}", flush=True)
+                  f"partitions={num_partitions} repairs={len(node.repairs)} event_loop={loop_name()}", flush=True)
         await stop.wait()
     finally:
         hook.waltz_process_stopping(kind="storage", name=name)
