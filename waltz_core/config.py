@@ -171,6 +171,12 @@ class StorageNodeConfig:
     segment_cache_capacity: int = key(5, "Segments per partition whose files stay open.", validator=AT_LEAST_ONE)
     index_checkpoint_interval: int = key(1000, "Records between index flushes; the index is rebuilt from the last checkpoint on start.",
                                          validator=AT_LEAST_ONE)
+    page_cache_keep_bytes: int = key(
+        32 * 1024 * 1024, "Bytes of each partition's newest synced records left in the page cache; older ones are "
+                          "dropped from it as the log grows (posix_fadvise DONTNEED, Linux), so that the node's page "
+                          "cache stays near partitions x this instead of filling the host's memory with records "
+                          "that are written once and seldom read (docs/storage.md). 0: leave it to the kernel.",
+        validator=NON_NEGATIVE)
     max_batch_records: int = key(100, "Largest group of a partition's appends written at once: one fdatasync each "
                                       "without the node journal; with it every group of a round shares the "
                                       "journal's one.", validator=AT_LEAST_ONE)

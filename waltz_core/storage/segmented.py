@@ -117,6 +117,27 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
         _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # a failure leaves it to fdatasync
 
 
+#: what a partition leaves of its synced records in the page cache by default ([storage] page_cache_keep_bytes)
+DEFAULT_PAGE_CACHE_KEEP_BYTES = 32 * 1024 * 1024
+#: the page cache is dropped behind in steps of at least this many bytes (one posix_fadvise each)
+DROP_BEHIND_STEP = 4 * 1024 * 1024
+_fadvise = getattr(os, "posix_fadvise", None)
+_PAGE = mmap.PAGESIZE
+
+
+def drop_from_page_cache(fd: int, offset: int, nbytes: int) -> None:
+    """Drop ``nbytes`` at ``offset`` of a synced file from the page cache (Linux
+    ``posix_fadvise(POSIX_FADV_DONTNEED)``; elsewhere nothing). Written once and read rarely, a
+    log's old records would otherwise fill the host's memory with pages that reclaim must free
+    again; measured, the appends also cost more system time once the cache had grown by a
+    gigabyte or two (docs/storage.md, "The page cache")."""
+    if _fadvise is not None:
+        try:
+            _fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:  # advice only: the records are durable either way
+            log.debug("posix_fadvise(DONTNEED) failed: %s", exc)
+
+
 def _pread_exact(fd: int, size: int, offset: int) -> bytes:
     buf = os.pread(fd, size, offset)
     if len(buf) == size:
@@ -232,6 +253,7 @@ class SegmentedPartition:
 
     def __init__(self, directory: Path, partition_id: int, cluster_key: uuid.UUID, *, segment_size_threshold: int,
                  segment_cache_capacity: int, index_checkpoint_interval: int,
+                 page_cache_keep_bytes: int = DEFAULT_PAGE_CACHE_KEEP_BYTES,
                  on_repair: Callable[[Repair], None] | None = None) -> None:
         self.partition_id = partition_id
         self._on_repair = on_repair
@@ -248,6 +270,8 @@ class SegmentedPartition:
         self._unsynced = False  #: records written by write_validated and not yet fdatasync'ed
         self._synced_end = (0, 0)  #: (data end, record count) of the tail at its last sync
         self._writeback_end = 0  #: the tail's bytes before this had their writeback started
+        self._cache_keep = page_cache_keep_bytes  #: synced bytes of the tail left in the page cache (0: all)
+        self._dropped_end = 0  #: the tail's bytes before this were dropped from the page cache
         #: lazily written batches not in the tail's data file yet (they end at ``tail.data_end``)
         self._pending = bytearray()
         directory.mkdir(parents=True, exist_ok=True)
@@ -500,9 +524,12 @@ class SegmentedPartition:
         old = self._tail
         if old is not None:
             old.sync_index()
+            if self._cache_keep:  # all of it (synced above): a sealed segment's window would stay cached for good
+                drop_from_page_cache(old.data_fd, 0, old.data_end)
             self._cache[old.first] = old
             self._evict()
         self._tail = self._new_segment(nxt)
+        self._dropped_end = 0
         self._firsts.append(nxt)
 
     def append(self, records: Sequence[Record]) -> None:
@@ -598,10 +625,23 @@ class SegmentedPartition:
             self._pending.clear()
             raise
         self._unsynced = False
+        if self._cache_keep:
+            self._drop_behind(tail)
         # Index entries stay in memory until the checkpoint writes and syncs them in one go: they
         # are rebuilt from the data file after a crash anyway, so per-batch index writes buy nothing.
         if tail.count - tail.synced >= self._interval:
             tail.checkpoint_lagging()
+
+    def _drop_behind(self, tail: Segment) -> None:
+        """Drop the tail's synced bytes older than the last ``page_cache_keep_bytes`` from the page
+        cache, a few MiB at a time (see DROP_BEHIND_STEP)."""
+        end = (tail.data_end - self._cache_keep) // _PAGE * _PAGE  # whole pages: the kernel keeps partial ones
+        if end - self._dropped_end >= DROP_BEHIND_STEP:
+            # From the start each time: the kernel may keep a page of the last step (measured: the
+            # first two of each step stayed cached), and pages read back since then go too. A
+            # range without cached pages costs next to nothing.
+            drop_from_page_cache(tail.data_fd, 0, end)
+            self._dropped_end = end
 
     def _sync_appended(self, data_fd: int) -> None:
         """Make an appended batch durable before append returns: the one fdatasync per batch.
@@ -656,6 +696,8 @@ class SegmentedPartition:
             os.ftruncate(seg.data_fd, new_end)
             os.fdatasync(seg.data_fd)
             seg.data_end = new_end
+        # what was dropped of this segment still is; a reopened one is dropped again from its start
+        self._dropped_end = min(self._dropped_end, seg.data_end) if seg is old_tail else 0
         self._tail = seg
 
     # ------------------------------------------------------------------------------ reading
@@ -821,12 +863,14 @@ class SegmentedLayout:
     journal_capable = True
 
     def __init__(self, directory: str | os.PathLike[str], *, segment_size_threshold: int = 1_000_000_000,
-                 segment_cache_capacity: int = 5, index_checkpoint_interval: int = 1000) -> None:
+                 segment_cache_capacity: int = 5, index_checkpoint_interval: int = 1000,
+                 page_cache_keep_bytes: int = DEFAULT_PAGE_CACHE_KEEP_BYTES) -> None:
         self.directory = str(directory)
         self._root = Path(directory)
         self._threshold = segment_size_threshold
         self._capacity = segment_cache_capacity
         self._interval = index_checkpoint_interval
+        self._cache_keep = page_cache_keep_bytes
         self._fd = -1
         self._header: ControlHeader | None = None
         self._current: dict[int, tuple[PartitionInfo, int]] = {}  # partition -> (info, slot it is in)
@@ -948,7 +992,8 @@ class SegmentedLayout:
         self._check_partition(partition_id)
         return self.partition_class(self.partition_directory(partition_id), partition_id, self.header.cluster_key,
                                     segment_size_threshold=self._threshold, segment_cache_capacity=self._capacity,
-                                    index_checkpoint_interval=self._interval, on_repair=self._on_partition_repair)
+                                    index_checkpoint_interval=self._interval, page_cache_keep_bytes=self._cache_keep,
+                                    on_repair=self._on_partition_repair)
 
     def _on_partition_repair(self, rep: Repair) -> None:
         self._repairs.append(rep)
@@ -991,4 +1036,5 @@ def segmented_factory(config: StorageNodeConfig, options: None = None) -> Segmen
     the node's ``[storage]`` keys (the layout has no options table)."""
     return SegmentedLayout(config.directory, segment_size_threshold=config.segment_size_threshold,
                            segment_cache_capacity=config.segment_cache_capacity,
-                           index_checkpoint_interval=config.index_checkpoint_interval)
+                           index_checkpoint_interval=config.index_checkpoint_interval,
+                           page_cache_keep_bytes=config.page_cache_keep_bytes)
