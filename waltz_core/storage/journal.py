@@ -50,6 +50,7 @@ from pathlib import Path
 import attrs
 
 from ..errors import ProtocolError, StorageCorruptionError, StorageError
+from ..protocol.checksum import crc32 as fast_crc32
 from ..protocol.wire import RecordBatch
 from .files import fsync_dir, pwrite_all, pwritev_all
 from .format import FLAG_AVAILABLE, PartitionInfo
@@ -234,7 +235,7 @@ class NodeJournal:
         gen = self.generation
         buffers: list[bytes | memoryview] = []
         pack, pack_crc = _HEAD_AFTER_CRC.pack, _CRC.pack
-        crc32 = zlib.crc32
+        crc32 = fast_crc32  # the same values as zlib's; isal's when installed (about 5x faster at 20 KB)
         for pid, first, count, data in entries:
             rest = pack(gen, pid, first, count, len(data))
             buffers.append(pack_crc(crc32(data, crc32(rest))) + rest)
