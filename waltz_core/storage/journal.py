@@ -235,7 +235,7 @@ class NodeJournal:
         gen = self.generation
         buffers: list[bytes | memoryview] = []
         pack, pack_crc = _HEAD_AFTER_CRC.pack, _CRC.pack
-        crc32 = fast_crc32  # the same values as zlib's; isal's when installed (about 5x faster at 20 KB)
+        crc32 = fast_crc32  # the same values as zlib's; isal's when installed (0.38 against 2.9 µs at 19 KB)
         for pid, first, count, data in entries:
             rest = pack(gen, pid, first, count, len(data))
             buffers.append(pack_crc(crc32(data, crc32(rest))) + rest)
