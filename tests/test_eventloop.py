@@ -25,6 +25,7 @@ from waltz_core.metrics import process_registry
 from waltz_core.ports import free_ports
 
 WALTZ = [sys.executable, "-m", "waltz_core.cli"]
+NO_WALTZ_ENV = {k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}
 
 
 @pytest.fixture
@@ -109,10 +110,9 @@ def test_a_storage_node_runs_and_stops_on_the_loop_it_was_given(tmp_path: Path, 
     port, admin = free_ports(2)
     config = tmp_path / "storage.toml"
     config.write_text(f'[storage]\nport = {port}\nadmin_port = {admin}\ndirectory = "{tmp_path / "data"}"\n')
-    base = {k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}
     proc = subprocess.Popen([*WALTZ, "storage", "start", "--config", str(config), "--cluster-key", str(uuid.uuid4()),
                              "--num-partitions", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**base, **env})
+                            env={**NO_WALTZ_ENV, **env})
     try:
         assert proc.stdout is not None
         ready = proc.stdout.readline()

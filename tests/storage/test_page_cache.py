@@ -3,7 +3,7 @@
 A log is written once and seldom read back, so without this every byte appended stays cached
 until memory runs out (docs/storage.md, "The page cache"). Two kinds of test: which ranges the
 layout advises away (a recorder in place of the system call), and what the kernel then holds
-(``mincore`` over a mapping of the data file).
+(``mincore`` over a mapping of the data file; Linux, as the whole suite).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import ctypes
 import ctypes.util
 import itertools
 import mmap
-import sys
 import uuid
 import zlib
 from pathlib import Path
@@ -126,7 +125,6 @@ def _resident_pages(path: Path) -> list[bool]:
     return result
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise and mincore: Linux")
 def test_the_kernel_no_longer_caches_the_dropped_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segmented, "DROP_BEHIND_STEP", 256 * KIB)
     layout, store = _open(tmp_path, keep=512 * KIB)
