@@ -182,12 +182,15 @@ class StorageNodeConfig:
                                       "journal's one.", validator=AT_LEAST_ONE)
     queue_size: int = key(100, "Requests queued per partition before the node stops reading from a connection.",
                           validator=AT_LEAST_ONE)
-    io_threads: int = key(1, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions, each "
-                             "with its own journal; a partition always uses the same one. More threads overlap the "
-                             "fdatasyncs of different partitions at the cost of thread switches and, with the "
-                             "journal, of one fdatasync per thread and round. 0: the file work runs on the event "
-                             "loop (least CPU; a slow disk then stalls the node's network handling too; "
-                             "docs/performance.md).",
+    io_threads: int = key(0, "Threads doing the file work (writes, fdatasync, reads) of the node's partitions. 0 (the "
+                             "default): the file work runs in rounds on the node's event loop, without a hand-off "
+                             "to a thread (the least CPU, and the shorter latency tail measured); journal "
+                             "checkpoints still run on a thread, but a slow or hung disk also stalls the node's "
+                             "network handling (the HTTP endpoint keeps answering and says so). 1 or more: that "
+                             "many I/O threads, each with its own journal; a partition always uses the same one; "
+                             "more threads overlap the fdatasyncs of different partitions at the cost of thread "
+                             "switches and, with the journal, one fdatasync per thread and round "
+                             "(docs/performance.md).",
                           validator=NON_NEGATIVE)
     journal: bool = key(True, "Make the appends of every partition an I/O thread handles in one round durable with one "
                               "write and one fdatasync of a node journal (storage-dir/journal/); the partition files "

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import threading
 import uuid
 from array import array
 from collections.abc import AsyncIterator, Callable
@@ -28,7 +29,7 @@ from waltz_core.storage.journal import (
     replay_journals,
 )
 from waltz_core.storage.layout import PartitionStore
-from waltz_core.storage.node import StorageNode
+from waltz_core.storage.node import LoopRounds, StorageNode
 from waltz_core.storage.segmented import SegmentedLayout
 
 from .conftest import NUM_PARTITIONS, NodeHarness, io_thread_blocked, make_records, write_held_batches
@@ -539,6 +540,43 @@ def test_waltz_disk_dump_journal_lists_what_a_start_would_replay(tmp_path: Path)
     assert "checksum" in report["stopped"] and report["generation"] >= 2
     text = dump()
     assert "2 entries, 5 records" in text.stdout and "reading stopped early" in text.stdout
+
+
+async def test_rounds_on_the_event_loop_checkpoint_on_a_thread_and_wait_for_it(tmp_path: Path, cluster_key) -> None:
+    # A journal of 1 byte is full after every round: each round asks for a checkpoint.
+    async with _journaled_node(tmp_path, cluster_key, 0, 1, io_threads=0, journal_checkpoint_bytes=1) as (node, c):
+        rounds = node.io_threads[0]
+        assert isinstance(rounds, LoopRounds)
+        release = threading.Event()
+        ran_on: list[threading.Thread] = []
+        checkpoint = rounds.checkpoint
+
+        def held_checkpoint() -> None:
+            ran_on.append(threading.current_thread())
+            assert release.wait(10)
+            checkpoint()
+
+        rounds.checkpoint = held_checkpoint  # type: ignore[method-assign]
+        await c.append(1, 0, make_records(0, 2))  # answered: durable in the journal before the checkpoint
+        for _ in range(500):
+            if ran_on:
+                break
+            await asyncio.sleep(0.01)
+        assert ran_on and ran_on[0] is not threading.main_thread()
+        assert rounds.round_age() > 0  # /readyz sees the checkpoint as file work under way
+        # While it runs, the loop serves (this coroutine runs) but the next round waits for it.
+        waiting = asyncio.ensure_future(c.append(1, 1, make_records(0, 3, 1)))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        release.set()
+        await asyncio.wait_for(waiting, 10)
+        assert list(await c.record_list(1, 0, 0, 100)) == make_records(0, 2)
+        assert list(await c.record_list(1, 1, 0, 100)) == make_records(0, 3, 1)
+        assert rounds.journal_error is None
+    # The stop waited for the last checkpoint: a restart replays nothing and finds every record.
+    async with _journaled_node(tmp_path, cluster_key, io_threads=0) as (node, c):
+        assert not [r for r in node.repairs if r.action == "replayed journal"]
+        assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 3, 1)
 
 
 async def test_rounds_on_the_event_loop_journal_and_replay_like_a_thread(tmp_path: Path, cluster_key) -> None:

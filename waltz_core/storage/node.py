@@ -1,9 +1,10 @@
 """The storage node: serves the ten storage requests and the admin port over a layout.
 
-Threading: connection handlers run on the event loop; every file operation runs on one of
-``io_threads`` I/O threads (0: on the event loop itself, :class:`LoopRounds`), and each
-partition always on the same one (partition id modulo the thread count), so one partition's
-requests are handled in arrival order, by one thread. A connection handler puts a decoded
+Threading: connection handlers run on the event loop; file operations run in rounds on the
+event loop itself (``io_threads = 0``, the default, :class:`LoopRounds`: no hand-off per round;
+journal checkpoints go to a thread) or on one of ``io_threads`` I/O threads, each partition
+always on the same one (partition id modulo the thread count), so one partition's requests are
+handled in arrival order, by one thread. A connection handler puts a decoded
 request straight into its partition's queue (no task in between) and rings the partition's I/O
 thread; the thread takes everything queued for every partition that rang and handles it as one
 round (group commit, no fixed wait: the batch is whatever arrived while the previous round ran).
@@ -331,10 +332,14 @@ class IoThread:
             self.dirty.add(worker)
             worker.journaled(group, replies)
         if journal.full:
-            try:
-                self.checkpoint()
-            except StorageError:
-                pass  # logged and remembered by fail_journal; the records above are durable in the journal
+            self.checkpoint_due()
+
+    def checkpoint_due(self) -> None:
+        """The journal is full: checkpoint now, in the round (the thread's rounds wait for it)."""
+        try:
+            self.checkpoint()
+        except StorageError:
+            pass  # logged and remembered by fail_journal; the records journaled are durable there
 
     def checkpoint(self) -> None:
         """Sync every partition with journaled records in its own files, then start the
@@ -386,14 +391,20 @@ class IoThread:
 
 
 class LoopRounds(IoThread):
-    """``io_threads = 0``: the rounds run on the event loop itself, no I/O thread.
+    """``io_threads = 0`` (the default): the rounds run on the event loop itself, no I/O thread.
 
     A partition that rings schedules one round for the loop's next iteration, which takes what
     every partition that rang has queued, like a thread's round, and answers at once. This saves
-    the hand-offs between the loop and a thread (a wake-up each way and the GIL) per round; the
-    price is that the loop does nothing else while the round writes and waits for its fdatasync,
-    so a slow or hung disk also stalls this node's network handling and admin port (the HTTP
-    endpoint has a thread of its own: ``/metrics`` and the probes answer, and say the loop is late).
+    the hand-offs between the loop and a thread (a wake-up each way and the GIL) per round: about
+    1.5 µs of CPU per transaction over 3 nodes at 64 in flight (docs/performance.md). The price is
+    that the loop does nothing else while a round writes and waits for its fdatasync, so a slow
+    or hung disk also stalls this node's network handling and admin port (the HTTP endpoint has
+    a thread of its own: ``/metrics`` and the probes answer, and say the loop is late).
+
+    The journal's checkpoints (syncing every dirty partition's files, 10-25 ms every few seconds
+    under load) do not run on the loop: a round that fills the journal hands the checkpoint to
+    a thread when it ends, and the next round waits for it, as a thread's rounds would. The
+    loop goes on reading and queueing requests meanwhile.
     """
 
     def __init__(self, node: StorageNode, index: int) -> None:
@@ -401,22 +412,55 @@ class LoopRounds(IoThread):
         self.name = "storage-loop-rounds"
         self._scheduled = False
         self._running = False
+        self._checkpoint_wanted = False  #: a round filled the journal: checkpoint when it ends
+        self._checkpointing: asyncio.Future[None] | None = None  #: the checkpoint under way on a thread
 
     def ring(self, worker: PartitionWorker) -> None:
         if not worker.rung:
             worker.rung = True
             self._doorbell.put(worker)
-            if not self._scheduled:
+            if not self._scheduled and self._checkpointing is None:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self._round)
 
     def _round(self) -> None:
         self._scheduled = False
+        if self._checkpointing is not None:
+            return  # the checkpoint's end runs the round
         doorbell = self._doorbell
         rang = [doorbell.get_nowait() for _ in range(doorbell.qsize())]
         if rang:
             replies, _stop = self.run_round(rang)
             self.node.deliver(replies)
+        if self._checkpoint_wanted:
+            self._checkpoint_wanted = False
+            self._start_checkpoint()
+
+    def checkpoint_due(self) -> None:
+        # Not now: the round is still using the stores; _round starts it on a thread at its end.
+        self._checkpoint_wanted = True
+
+    def _start_checkpoint(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.round_started = time.monotonic()  # file work under way: /readyz sees a hung checkpoint
+        self._checkpointing = fut = loop.run_in_executor(None, self._checkpoint_quietly)
+        fut.add_done_callback(self._checkpoint_done)
+
+    def _checkpoint_quietly(self) -> None:
+        try:
+            self.checkpoint()
+        except StorageError:
+            pass  # logged and remembered by fail_journal: the partitions refuse appends from now on
+
+    def _checkpoint_done(self, fut: asyncio.Future[None]) -> None:
+        self._checkpointing = None
+        self.round_started = 0.0
+        if not fut.cancelled() and fut.exception() is not None:  # a bug: the journal is in doubt
+            log.error("%s: journal checkpoint failed", self.name, exc_info=fut.exception())
+            self.fail_journal(fut.exception())  # type: ignore[arg-type]
+        if self._doorbell.qsize() and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._round)
 
     def start(self) -> None:
         self._running = True
@@ -427,7 +471,11 @@ class LoopRounds(IoThread):
 
     async def stop(self) -> None:
         if self._running:
+            if self._checkpointing is not None:
+                await asyncio.wait([self._checkpointing])
             self._round()  # what rang since the last one
+            if self._checkpointing is not None:
+                await asyncio.wait([self._checkpointing])
             self._running = False
             self._close_journal()
 
@@ -907,7 +955,7 @@ class StorageNode:
     """
 
     def __init__(self, layout: StorageLayout, cluster_key: uuid.UUID, num_partitions: int, *, queue_size: int = 100,
-                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 1,
+                 max_batch_records: int = 100, max_frame_size: int = 16 * 1024 * 1024, io_threads: int = 0,
                  journal: bool = True, journal_checkpoint_bytes: int = 64 * 1024 * 1024,
                  metrics: MetricsRegistry | None = None, name: str = "storage") -> None:
         if io_threads < 0:
