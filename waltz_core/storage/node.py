@@ -443,14 +443,9 @@ class LoopRounds(IoThread):
     def _start_checkpoint(self) -> None:
         loop = asyncio.get_running_loop()
         self.round_started = time.monotonic()  # file work under way: /readyz sees a hung checkpoint
-        self._checkpointing = fut = loop.run_in_executor(None, self._checkpoint_quietly)
+        # IoThread.checkpoint_due: the checkpoint as a thread's round runs it, failures logged and remembered
+        self._checkpointing = fut = loop.run_in_executor(None, super().checkpoint_due)
         fut.add_done_callback(self._checkpoint_done)
-
-    def _checkpoint_quietly(self) -> None:
-        try:
-            self.checkpoint()
-        except StorageError:
-            pass  # logged and remembered by fail_journal: the partitions refuse appends from now on
 
     def _checkpoint_done(self, fut: asyncio.Future[None]) -> None:
         self._checkpointing = None
