@@ -483,6 +483,10 @@ class Raw:
             msg = await asyncio.wait_for(self.ch.recv(), timeout)
             if type(msg) is m.FeedData:
                 self.feed.append(msg)
+            elif type(msg) is m.FeedDataBatch:  # protocol 3: the feed records of a commit in one message
+                self.feed.extend(msg.records)
+                if kind is m.FeedData:
+                    return msg.records[-1]
             if type(msg) is kind and (req_id is None or msg.req_id == req_id):
                 return msg
 

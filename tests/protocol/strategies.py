@@ -76,6 +76,13 @@ def transaction_data_range_responses(draw: st.DrawFn) -> client.TransactionDataR
                                                draw(st.none() | text))
 
 
+@st.composite
+def feed_data_batches(draw: st.DrawFn) -> client.FeedDataBatch:
+    # Any records, of any clients and partitions: the head's request id is the first one's.
+    records = tuple(draw(st.lists(st.builds(client.FeedData, req_ids, i64, i32), min_size=1, max_size=6)))
+    return client.FeedDataBatch(records[0].req_id, records)
+
+
 hellos = st.builds(Hello, st.binary(min_size=1, max_size=1), st.lists(st.integers(0, 2**16 - 1), min_size=1,
                    max_size=20).map(tuple), text)
 
@@ -108,6 +115,7 @@ CLIENT: dict[type, st.SearchStrategy[Any]] = {
         _c.ServerPartitionsHealthStatResponse, req_ids, st.lists(st.tuples(i32, flags), max_size=8).map(tuple)),
     _c.TransactionDataRangeRequest: st.builds(_c.TransactionDataRangeRequest, req_ids, i64, i32, i32),
     _c.TransactionDataRangeResponse: transaction_data_range_responses(),
+    _c.FeedDataBatch: feed_data_batches(),
 }
 
 _s = storage
@@ -183,6 +191,8 @@ _SAMPLE_BY_TYPE: dict[Any, Any] = {
     tuple[tuple[str, bool], ...]: (("h:1", True), ("h:2", False)),
     tuple[tuple[int, bool], ...]: ((1, True), (2, False)),
     tuple[bytes, ...]: (b"abc", b"", b"defgh"),  # as many as the tuple[int, ...] sample (range checksums)
+    # the first record's request id is the message's (the ReqId sample)
+    tuple[client.FeedData, ...]: (client.FeedData(ReqId(1, 2, 3, 4), 7, 1), client.FeedData(ReqId(5, 2, 3, 9), 8, -2)),
 }
 
 

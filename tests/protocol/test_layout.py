@@ -17,7 +17,7 @@ from waltz_core.protocol.layout import BOOL, INT32, INT64, STRING, FamilyCodec, 
 from waltz_core.protocol.wire import Reader, ReqId
 
 from . import goldens
-from .strategies import BY_FAMILY
+from .strategies import BY_FAMILY, feed_data_batches
 
 FAMILY_MODULES = (client, storage, admin)
 FAMILY_IDS = ("client", "storage", "admin")
@@ -117,6 +117,43 @@ def test_unpack_feed_data_equals_the_generic_decoder(msg: client.FeedData) -> No
     q = decoded.req_id
     assert client.unpack_feed_data(raw) == (q.client_id, q.generation, q.partition_id, q.seq_num,
                                             decoded.transaction_id, decoded.header)
+
+
+@given(feed_data_batches())
+def test_the_feed_batch_fast_paths_equal_the_generic_codec(msg: client.FeedDataBatch) -> None:
+    raw = client.CODEC.generic_encode(msg)
+    payloads = [client.encode_feed_data(f.req_id, f.transaction_id, f.header) for f in msg.records]
+    assert raw == client.encode_feed_batch(payloads)
+    decoded = client.CODEC.generic_decode(raw)
+    assert decoded == msg
+    unpacked = client.unpack_feed_batch(raw)
+    assert unpacked is not None
+    assert list(unpacked) == [client.unpack_feed_data(p) for p in payloads]
+
+
+@given(feed_data_batches(), st.data())
+def test_unpack_feed_batch_refuses_what_the_generic_decoder_refuses(msg: client.FeedDataBatch,
+                                                                    data: st.DataObject) -> None:
+    raw = bytearray(client.CODEC.generic_encode(msg))
+    mutation = data.draw(st.sampled_from(("truncate", "extend", "bit", "record type")))
+    if mutation == "truncate":
+        del raw[data.draw(st.integers(1, len(raw) - 1)):]
+    elif mutation == "extend":
+        raw += data.draw(st.binary(min_size=1, max_size=40))
+    elif mutation == "bit":  # anywhere but the type byte: in the head, a record's type or fields
+        bit = data.draw(st.integers(8, len(raw) * 8 - 1))
+        raw[bit // 8] ^= 1 << (bit % 8)
+    else:
+        raw[17 + 29 * data.draw(st.integers(0, len(msg.records) - 1))] = data.draw(st.integers(0, 255))
+    generic = _outcome(client.CODEC.generic_decode, bytes(raw))
+    unpacked = client.unpack_feed_batch(bytes(raw))
+    if isinstance(generic, client.FeedDataBatch):  # cut or grown by whole records: still a batch
+        assert unpacked is not None
+        assert list(unpacked) == [(f.req_id.client_id, f.req_id.generation, f.req_id.partition_id, f.req_id.seq_num,
+                                   f.transaction_id, f.header) for f in generic.records]
+    else:
+        assert generic is ProtocolError
+        assert unpacked is None
 
 
 def test_the_append_fallback_is_the_generic_decoder() -> None:

@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from waltz_core.errors import ConnectionClosedError
-from waltz_core.protocol import CLIENT
+from waltz_core.protocol import CLIENT, Family
 from waltz_core.protocol import client as m
 from waltz_core.protocol.wire import ReqId, crc32
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
@@ -37,6 +38,7 @@ class Raw:
         self.partition = partition
         self.seq = 0
         self.feed: list[m.FeedData] = []
+        self.seen: set[type] = set()  #: the message classes received
 
     def q(self, generation: int | None = None) -> ReqId:
         self.seq += 1
@@ -45,8 +47,13 @@ class Raw:
     async def until(self, kind: type, req_id: ReqId | None = None, timeout: float = 10.0) -> Any:
         while True:
             msg = await asyncio.wait_for(self.ch.recv(), timeout)
+            self.seen.add(type(msg))
             if type(msg) is m.FeedData:
                 self.feed.append(msg)
+            elif type(msg) is m.FeedDataBatch:  # protocol 3: the feed records of a commit in one message
+                self.feed.extend(msg.records)
+                if kind is m.FeedData:
+                    return msg.records[-1]
             if type(msg) is kind and (req_id is None or msg.req_id == req_id):
                 return msg
 
@@ -84,12 +91,30 @@ async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
         yield cl
 
 
-async def connect(cl: InProcessCluster, client_id: int, partition: int = 0) -> Raw:
+async def connect(cl: InProcessCluster, client_id: int, partition: int = 0, family: Family = CLIENT) -> Raw:
     server = cl.servers[0]
     transport = open_transport(cl.spec.transport_config, cl.spec.runtime.registries)
     conn = await transport.connect(server.address)
-    ch = await MessageChannel.open(conn, CLIENT, "test")
+    ch = await MessageChannel.open(conn, family, "test")
     return Raw(ch, client_id, server.partitions[partition].generation, partition)
+
+
+async def test_feed_records_come_in_batches_to_protocol_3_clients_and_one_by_one_to_older_ones(
+        cluster: InProcessCluster) -> None:
+    a = await connect(cluster, 1)
+    await a.mount()
+    for i in range(20):
+        await a.append(f"t{i}".encode())
+    assert await a.flush() == 19
+    # Mounted after the commits: each catch-up feed posts the 20 records at once.
+    new = await connect(cluster, 2)
+    old = await connect(cluster, 3, family=attrs.evolve(CLIENT, versions=(1, 2)))
+    assert (new.ch.version, old.ch.version) == (3, 2)
+    for raw in (new, old):
+        assert (await raw.mount()).state is m.PartitionState.READY
+        assert [(f.transaction_id, f.req_id.seq_num) for f in raw.feed] == [(i, i + 2) for i in range(20)]
+    assert m.FeedDataBatch in new.seen
+    assert m.FeedDataBatch not in old.seen and m.FeedData in old.seen
 
 
 async def test_mount_states_append_flush_hwm_and_data(cluster: InProcessCluster) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import ClientClosedError, ConnectionClosedError, ProtocolError, TransportError, WaltzError
 from ..protocol import CLIENT
-from ..protocol.client import unpack_feed_data, unpack_lock_failure
+from ..protocol.client import unpack_feed_batch, unpack_feed_data, unpack_lock_failure
 from ..protocol.wire import ReqId
 from ..transport import MessageChannel
 from ..transport.base import Transport
@@ -143,6 +143,13 @@ class ServerLink:
                         waiting = on_feed(self, fields)
                         if waiting is not None:
                             await waiting
+                        continue
+                    batch = unpack_feed_batch(frame)  # protocol 3: a commit's feed records in one frame
+                    if batch is not None:
+                        for fields in batch:
+                            waiting = on_feed(self, fields)
+                            if waiting is not None:
+                                await waiting
                         continue
                     lock_failure = unpack_lock_failure(frame)  # the next most frequent: no objects either
                     if lock_failure is not None:

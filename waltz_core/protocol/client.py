@@ -8,9 +8,10 @@ functions: message in, bytes out and back.
 
 Hand-written fast paths, registered as overrides of the generic codec and equivalent to it:
 ``AppendRequest`` (encoded from its fields by :func:`encode_append`, decoded by
-:func:`_dec_append`) and ``FeedData`` (one struct each way). Two more work without message
-objects: :func:`encode_feed_data` (the server's feed, from fields) and :func:`unpack_feed_data`
-(the client's stream reader, to a plain tuple).
+:func:`_dec_append`) and ``FeedData`` (one struct each way). More work without message
+objects: :func:`encode_feed_data` and :func:`encode_feed_batch` (the server's feed, from fields
+and from FeedData payloads) and :func:`unpack_feed_data` and :func:`unpack_feed_batch` (the
+client's stream reader, to plain tuples).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import enum
 import struct
 import typing
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Final, TypeAlias
 
 import attrs
@@ -34,6 +36,7 @@ from .layout import (
     UINT32,
     Array,
     Buf,
+    Codec,
     Enum32,
     FamilyCodec,
     FixedTuple,
@@ -56,8 +59,11 @@ from .wire import (
 PROTOCOL: Final = b"L"
 #: 2 adds the transaction data range RPC (TYPE 23/24); a client sends it only on a link that
 #: negotiated 2, so version-1 servers keep getting one TransactionDataRequest per transaction.
-VERSIONS: Final = (1, 2)
+#: 3 adds FeedDataBatch (TYPE 25): the server sends the feed records of a commit in one frame
+#: on a stream link that negotiated 3, and FeedData one by one on the others.
+VERSIONS: Final = (1, 2, 3)
 DATA_RANGE_VERSION: Final = 2
+FEED_BATCH_VERSION: Final = 3
 
 
 class PartitionState(enum.IntEnum):
@@ -217,6 +223,66 @@ class FeedData:
     req_id: ReqId  #: the request id of the append that produced this transaction
     transaction_id: Annotated[int, INT64]
     header: Annotated[int, INT32]
+
+
+#: One FeedData payload: type + req id + transaction id + header (29 bytes).
+_FEED_DATA: Final = struct.Struct(">biiiiqi")
+_FEED_DATA_SIZE: Final = _FEED_DATA.size
+
+
+#: FeedDataBatch up to its records: type 25 and the first record's request id.
+_FEED_BATCH_HEAD_SIZE: Final = 1 + 16
+
+
+class _FeedRecords(Codec[tuple[FeedData, ...]]):
+    """FeedDataBatch's records: whole FeedData payloads (29 bytes each, their type byte 4
+    included), one after the other to the end of the frame; at least one."""
+
+    min_size = _FEED_DATA_SIZE
+
+    def write(self, out: list[bytes], value: tuple[FeedData, ...]) -> None:
+        pack = _FEED_DATA.pack
+        for f in value:
+            q = f.req_id
+            out.append(pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, f.transaction_id, f.header))
+
+    def read(self, r: Reader, label: str) -> tuple[FeedData, ...]:
+        left = r.end - r.pos
+        if left == 0 or left % _FEED_DATA_SIZE:
+            raise ProtocolError(f"{r.what}: {label}: {left} bytes are not whole FeedData records of "
+                                f"{_FEED_DATA_SIZE} bytes")
+        out: list[FeedData] = []
+        unpack = _FEED_DATA.unpack_from
+        for i in range(left // _FEED_DATA_SIZE):
+            kind, c, g, p, s, t, h = unpack(r.buf, r.take(_FEED_DATA_SIZE, label))
+            if kind != 4:
+                raise ProtocolError(f"{r.what}: {label}: record {i} has type {kind}, not FeedData (4)")
+            out.append(FeedData(ReqId(c, g, p, s), t, h))
+        if r.buf[1:_FEED_BATCH_HEAD_SIZE] != r.buf[_FEED_BATCH_HEAD_SIZE + 1:2 * _FEED_BATCH_HEAD_SIZE]:
+            raise ProtocolError(f"{r.what}: the request id of the head is not the first record's")
+        return tuple(out)
+
+
+def _first_record_request(batch: FeedDataBatch, _attribute: Any, records: tuple[FeedData, ...]) -> None:
+    if not records:
+        raise ValueError("a FeedDataBatch holds at least one record")
+    if records[0].req_id != batch.req_id:
+        raise ValueError(f"a FeedDataBatch's req_id must be its first record's: {batch.req_id} is not "
+                         f"{records[0].req_id}")
+
+
+@attrs.frozen(slots=True)
+class FeedDataBatch:
+    """Version 3: the feed records of consecutive transactions in one frame (a commit of many
+    transactions is one frame and one read for the client, not one per transaction).
+
+    ``req_id`` is the first record's (every message of the family starts with one). Each record
+    is on the wire as a whole FeedData payload, so the server joins the payloads it encoded
+    once per commit for every client (:func:`encode_feed_batch`)."""
+
+    TYPE: ClassVar[int] = 25
+    req_id: ReqId
+    records: Annotated[tuple[FeedData, ...], _FeedRecords()] = attrs.field(validator=_first_record_request)
 
 
 @attrs.frozen(slots=True)
@@ -382,7 +448,7 @@ ClientMessage: TypeAlias = (
     ServerPartitionsAssignmentRequest | ServerPartitionsAssignmentResponse | AddPreferredPartitionRequest |
     AddPreferredPartitionResponse | RemovePreferredPartitionRequest | RemovePreferredPartitionResponse |
     ServerPartitionsHealthStatRequest | ServerPartitionsHealthStatResponse | TransactionDataRangeRequest |
-    TransactionDataRangeResponse
+    TransactionDataRangeResponse | FeedDataBatch
 )
 #: every message class, in TYPE order (the alias above is the one list of them)
 MESSAGES: Final[tuple[type, ...]] = typing.get_args(ClientMessage)
@@ -396,7 +462,6 @@ decode: Final = CODEC.decode
 
 # --------------------------------------------------------------------------------- fast paths
 
-_FEED_DATA: Final = struct.Struct(">biiiiqi")  # type + req id + transaction id + header
 _HEAD_LONG: Final = struct.Struct(">biiiiq")  # type + req id + one long
 #: An append without locks: everything before the data in one struct (the common case).
 _APPEND_PLAIN_HEAD: Final = struct.Struct(">biiiiqiiiii")
@@ -415,7 +480,6 @@ def _enc_feed_data(m: FeedData) -> bytes:
     return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, m.transaction_id, m.header)
 
 
-_FEED_DATA_SIZE: Final = _FEED_DATA.size
 _unpack_feed_data: Final = _FEED_DATA.unpack  # bound once: the client decodes one per transaction
 
 
@@ -436,6 +500,33 @@ def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
     if len(buf) != _FEED_DATA_SIZE or buf[0] != 4:
         return None
     return _unpack_feed_fields(buf, 1)  # the fields without the type byte: no slice of a 7-tuple
+
+
+_FEED_BATCH_TYPE: Final = bytes((FeedDataBatch.TYPE,))
+#: One record of a FeedDataBatch without its type byte (checked apart): the client's feed item.
+_FEED_RECORD_FIELDS: Final = struct.Struct(">xiiiiqi")
+_FEED_TYPE_BYTE: Final = bytes((FeedData.TYPE,))
+
+
+def encode_feed_batch(frames: list[bytes]) -> bytes:
+    """The FeedDataBatch payload of FeedData payloads (:func:`encode_feed_data`'s, at least one),
+    without message objects: the server joins the payloads it encoded once per commit."""
+    parts = [_FEED_BATCH_TYPE, frames[0][1:_FEED_BATCH_HEAD_SIZE]]
+    parts += frames
+    return b"".join(parts)
+
+
+def unpack_feed_batch(buf: bytes) -> Iterator[tuple[int, int, int, int, int, int]] | None:
+    """The records of a well-formed FeedDataBatch payload as :func:`unpack_feed_data` gives each
+    one, else None (decode it with :func:`decode`, which names the problem). The request id of
+    the head must be the first record's."""
+    if buf[0] != 25:
+        return None
+    n, rest = divmod(len(buf) - _FEED_BATCH_HEAD_SIZE, _FEED_DATA_SIZE)
+    if (n <= 0 or rest or buf[_FEED_BATCH_HEAD_SIZE::_FEED_DATA_SIZE] != _FEED_TYPE_BYTE * n
+            or buf[1:_FEED_BATCH_HEAD_SIZE] != buf[_FEED_BATCH_HEAD_SIZE + 1:2 * _FEED_BATCH_HEAD_SIZE]):
+        return None
+    return _FEED_RECORD_FIELDS.iter_unpack(memoryview(buf)[_FEED_BATCH_HEAD_SIZE:])
 
 
 # --- client-side fast paths (the client encodes/decodes these once per transaction or lock failure)

@@ -3,7 +3,8 @@
 Partitions never await a client's socket on their own paths: they *post* messages, and one
 writer task per connection sends everything posted since its last write in a single
 ``send_many`` (one syscall for many feed records, across partitions). Feed tasks await
-:meth:`ClientLink.wait_writable` so a slow client slows only its own feeds.
+:meth:`ClientLink.wait_writable` so a slow client slows only its own feeds. On a link that
+negotiated client protocol 3, the feed records posted together go in one FeedDataBatch frame.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import TransportError
+from ..protocol.client import FEED_BATCH_VERSION, encode_feed_batch
 from ..transport.channel import MessageChannel
 
 log = logging.getLogger("waltz.server.link")
@@ -22,8 +24,8 @@ _ids = itertools.count(1)
 
 
 class ClientLink:
-    __slots__ = ("channel", "id", "_encode", "_buffer", "_wakeup", "_writable", "_high", "_low", "_writer", "_closed",
-                 "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable")
+    __slots__ = ("channel", "id", "_encode", "_buffer", "_queued", "_feed_batches", "_wakeup", "_writable", "_high",
+                 "_low", "_writer", "_closed", "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable")
 
     def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024,
                  inbound_high_water: int = 600, inbound_low_water: int = 300) -> None:
@@ -31,6 +33,10 @@ class ClientLink:
         self.id = next(_ids)
         self._encode = channel.family.encode
         self._buffer: list[bytes] = []
+        #: messages in _buffer, each feed record of a batch counted (the high-water mark counts messages)
+        self._queued = 0
+        #: the client reads FeedDataBatch: feed records posted together go in one frame
+        self._feed_batches = getattr(channel, "version", 0) >= FEED_BATCH_VERSION
         self._wakeup = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -60,25 +66,34 @@ class ClientLink:
         if self._closed:
             return
         self._buffer.append(self._encode(msg))
+        self._queued += 1
         self._after_post()
 
     def post_many(self, msgs: Iterable[Any]) -> None:
         if self._closed:
             return
         enc = self._encode
-        self._buffer.extend(enc(m) for m in msgs)
+        buffer = self._buffer
+        before = len(buffer)
+        buffer.extend(enc(m) for m in msgs)
+        self._queued += len(buffer) - before
         self._after_post()
 
     def post_frames(self, frames: list[bytes]) -> None:
-        """Queue already-encoded frames (feeds share one encoding of each commit across clients)."""
-        if self._closed:
+        """Queue FeedData payloads (feeds share one encoding of each commit across clients): one
+        FeedDataBatch frame for them when the client reads it."""
+        if self._closed or not frames:
             return
-        self._buffer.extend(frames)
+        if self._feed_batches and len(frames) > 1:
+            self._buffer.append(encode_feed_batch(frames))
+        else:
+            self._buffer.extend(frames)
+        self._queued += len(frames)
         self._after_post()
 
     def _after_post(self) -> None:
         self._wakeup.set()
-        if len(self._buffer) >= self._high:
+        if self._queued >= self._high:
             self._writable.clear()
 
     # Inbound back pressure (Waltz design, "Back Pressure"): messages of this connection waiting in partition
@@ -117,6 +132,7 @@ class ClientLink:
                 self._wakeup.clear()
                 while self._buffer:
                     frames, self._buffer = self._buffer, []
+                    self._queued = 0
                     if len(self._buffer) < self._low:
                         self._writable.set()
                     await self.channel.conn.send_many(frames)

@@ -116,6 +116,10 @@ class PartitionProbe:
         if isinstance(msg, m.FeedData):
             self._take(msg)
             return
+        if isinstance(msg, m.FeedDataBatch):  # client protocol 3: a commit's feed records in one message
+            for record in msg.records:
+                self._take(record)
+            return
         if isinstance(self._session.receive(msg), RemountLater) and self._session.state is not SessionState.MOUNTING:
             await self._close()  # the feed was suspended: mount again
             raise ConnectionClosedError(f"partition {self.partition_id}: the server suspended the feed")

@@ -164,6 +164,9 @@ class PartitionWorker:
                 msg = await channel.recv()
                 if type(msg) is m.FeedData:
                     self._take(msg)
+                elif type(msg) is m.FeedDataBatch:  # client protocol 3: a commit's feed records in one message
+                    for record in msg.records:
+                        self._take(record)
                 else:
                     action = session.receive(msg)
                     mounted = self._mounted
