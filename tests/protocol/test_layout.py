@@ -144,7 +144,8 @@ def test_unpack_feed_batch_refuses_what_the_generic_decoder_refuses(msg: client.
         bit = data.draw(st.integers(8, len(raw) * 8 - 1))
         raw[bit // 8] ^= 1 << (bit % 8)
     else:
-        raw[17 + 29 * data.draw(st.integers(0, len(msg.records) - 1))] = data.draw(st.integers(0, 255))
+        # the records start after the type, the request id and the count (21 bytes), 29 bytes each
+        raw[21 + 29 * data.draw(st.integers(0, len(msg.records) - 1))] = data.draw(st.integers(0, 255))
     generic = _outcome(client.CODEC.generic_decode, bytes(raw))
     unpacked = client.unpack_feed_batch(bytes(raw))
     if isinstance(generic, client.FeedDataBatch):  # cut or grown by whole records: still a batch
@@ -154,6 +155,21 @@ def test_unpack_feed_batch_refuses_what_the_generic_decoder_refuses(msg: client.
     else:
         assert generic is ProtocolError
         assert unpacked is None
+
+
+@given(st.integers(1, 3 * client.FEED_BATCH_MAX_RECORDS + 2))
+def test_feed_batches_keep_every_record_in_order_in_frames_any_process_accepts(count: int) -> None:
+    payloads = [client.encode_feed_data(ReqId(1, 2, 3, i), 100 + i, i) for i in range(count)]
+    sent = client.encode_feed_batches(payloads)
+    assert all(len(p) <= 1024 for p in sent)  # the smallest transport.max_frame_size allowed
+    assert len(sent) == -(-count // client.FEED_BATCH_MAX_RECORDS)
+    records: list[tuple[int, ...]] = []
+    for payload in sent:
+        batch = client.unpack_feed_batch(payload)
+        single = client.unpack_feed_data(payload)
+        assert (batch is None) != (single is None)  # a lone record goes as the FeedData it is
+        records += list(batch) if batch is not None else [single]
+    assert records == [client.unpack_feed_data(p) for p in payloads]
 
 
 def test_the_append_fallback_is_the_generic_decoder() -> None:

@@ -230,35 +230,36 @@ _FEED_DATA: Final = struct.Struct(">biiiiqi")
 _FEED_DATA_SIZE: Final = _FEED_DATA.size
 
 
-#: FeedDataBatch up to its records: type 25 and the first record's request id.
-_FEED_BATCH_HEAD_SIZE: Final = 1 + 16
+#: FeedDataBatch up to its records: type 25, the first record's request id, the ``int`` count.
+_FEED_BATCH_HEAD: Final = struct.Struct(">b16si")
+_FEED_BATCH_HEAD_SIZE: Final = _FEED_BATCH_HEAD.size
 
 
 class _FeedRecords(Codec[tuple[FeedData, ...]]):
-    """FeedDataBatch's records: whole FeedData payloads (29 bytes each, their type byte 4
-    included), one after the other to the end of the frame; at least one."""
+    """FeedDataBatch's records: ``int`` count (at least 1), then each record as a whole FeedData
+    payload (29 bytes, its type byte 4 included)."""
 
-    min_size = _FEED_DATA_SIZE
+    min_size = 4 + _FEED_DATA_SIZE
 
     def write(self, out: list[bytes], value: tuple[FeedData, ...]) -> None:
         pack = _FEED_DATA.pack
+        out.append(I32.pack(len(value)))
         for f in value:
             q = f.req_id
             out.append(pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, f.transaction_id, f.header))
 
     def read(self, r: Reader, label: str) -> tuple[FeedData, ...]:
-        left = r.end - r.pos
-        if left == 0 or left % _FEED_DATA_SIZE:
-            raise ProtocolError(f"{r.what}: {label}: {left} bytes are not whole FeedData records of "
-                                f"{_FEED_DATA_SIZE} bytes")
+        n = r.count(label, _FEED_DATA_SIZE)
+        if n == 0:
+            raise ProtocolError(f"{r.what}: {label}: a batch holds at least one record")
         out: list[FeedData] = []
         unpack = _FEED_DATA.unpack_from
-        for i in range(left // _FEED_DATA_SIZE):
+        for i in range(n):
             kind, c, g, p, s, t, h = unpack(r.buf, r.take(_FEED_DATA_SIZE, label))
             if kind != 4:
                 raise ProtocolError(f"{r.what}: {label}: record {i} has type {kind}, not FeedData (4)")
             out.append(FeedData(ReqId(c, g, p, s), t, h))
-        if r.buf[1:_FEED_BATCH_HEAD_SIZE] != r.buf[_FEED_BATCH_HEAD_SIZE + 1:2 * _FEED_BATCH_HEAD_SIZE]:
+        if r.buf[1:17] != r.buf[_FEED_BATCH_HEAD_SIZE + 1:_FEED_BATCH_HEAD_SIZE + 17]:
             raise ProtocolError(f"{r.what}: the request id of the head is not the first record's")
         return tuple(out)
 
@@ -276,9 +277,9 @@ class FeedDataBatch:
     """Version 3: the feed records of consecutive transactions in one frame (a commit of many
     transactions is one frame and one read for the client, not one per transaction).
 
-    ``req_id`` is the first record's (every message of the family starts with one). Each record
-    is on the wire as a whole FeedData payload, so the server joins the payloads it encoded
-    once per commit for every client (:func:`encode_feed_batch`)."""
+    ``req_id`` is the first record's (every message of the family starts with one). After it
+    come the ``int`` count and each record as a whole FeedData payload, so the server joins the
+    payloads it encoded once per commit for every client (:func:`encode_feed_batch`)."""
 
     TYPE: ClassVar[int] = 25
     req_id: ReqId
@@ -502,29 +503,49 @@ def unpack_feed_data(buf: bytes) -> tuple[int, int, int, int, int, int] | None:
     return _unpack_feed_fields(buf, 1)  # the fields without the type byte: no slice of a 7-tuple
 
 
-_FEED_BATCH_TYPE: Final = bytes((FeedDataBatch.TYPE,))
+_FEED_BATCH_KIND: Final = FeedDataBatch.TYPE
+_pack_feed_batch_head: Final = _FEED_BATCH_HEAD.pack
+_FEED_BATCH_COUNT: Final = I32.unpack_from
 #: One record of a FeedDataBatch without its type byte (checked apart): the client's feed item.
 _FEED_RECORD_FIELDS: Final = struct.Struct(">xiiiiqi")
 _FEED_TYPE_BYTE: Final = bytes((FeedData.TYPE,))
+#: Records in one FeedDataBatch a server sends: the frame stays within 1024 bytes, the smallest
+#: ``transport.max_frame_size`` a Waltz process may have (the sender does not know the receiver's).
+FEED_BATCH_MAX_RECORDS: Final = (1024 - _FEED_BATCH_HEAD_SIZE) // _FEED_DATA_SIZE
 
 
 def encode_feed_batch(frames: list[bytes]) -> bytes:
     """The FeedDataBatch payload of FeedData payloads (:func:`encode_feed_data`'s, at least one),
     without message objects: the server joins the payloads it encoded once per commit."""
-    parts = [_FEED_BATCH_TYPE, frames[0][1:_FEED_BATCH_HEAD_SIZE]]
+    parts = [_pack_feed_batch_head(_FEED_BATCH_KIND, frames[0][1:17], len(frames))]
     parts += frames
     return b"".join(parts)
+
+
+def encode_feed_batches(frames: list[bytes]) -> list[bytes]:
+    """FeedData payloads as the payloads to send to a client that reads FeedDataBatch: batches of
+    at most :data:`FEED_BATCH_MAX_RECORDS`, a lone record as its FeedData."""
+    n = len(frames)
+    if n <= 1:
+        return frames
+    if n <= FEED_BATCH_MAX_RECORDS:
+        return [encode_feed_batch(frames)]
+    step = FEED_BATCH_MAX_RECORDS
+    chunks = [frames[i:i + step] for i in range(0, n, step)]
+    return [encode_feed_batch(c) if len(c) > 1 else c[0] for c in chunks]
 
 
 def unpack_feed_batch(buf: bytes) -> Iterator[tuple[int, int, int, int, int, int]] | None:
     """The records of a well-formed FeedDataBatch payload as :func:`unpack_feed_data` gives each
     one, else None (decode it with :func:`decode`, which names the problem). The request id of
-    the head must be the first record's."""
-    if buf[0] != 25:
+    the head must be the first record's. Any number of records is read (the frame's size is
+    what the transport bounds)."""
+    if not buf or buf[0] != _FEED_BATCH_KIND:
         return None
     n, rest = divmod(len(buf) - _FEED_BATCH_HEAD_SIZE, _FEED_DATA_SIZE)
-    if (n <= 0 or rest or buf[_FEED_BATCH_HEAD_SIZE::_FEED_DATA_SIZE] != _FEED_TYPE_BYTE * n
-            or buf[1:_FEED_BATCH_HEAD_SIZE] != buf[_FEED_BATCH_HEAD_SIZE + 1:2 * _FEED_BATCH_HEAD_SIZE]):
+    if (n <= 0 or rest or _FEED_BATCH_COUNT(buf, 17)[0] != n
+            or buf[_FEED_BATCH_HEAD_SIZE::_FEED_DATA_SIZE] != _FEED_TYPE_BYTE * n
+            or buf[1:17] != buf[_FEED_BATCH_HEAD_SIZE + 1:_FEED_BATCH_HEAD_SIZE + 17]):
         return None
     return _FEED_RECORD_FIELDS.iter_unpack(memoryview(buf)[_FEED_BATCH_HEAD_SIZE:])
 

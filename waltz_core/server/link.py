@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import TransportError
-from ..protocol.client import FEED_BATCH_VERSION, encode_feed_batch
+from ..protocol.client import FEED_BATCH_VERSION, encode_feed_batches
 from ..transport.channel import MessageChannel
 
 log = logging.getLogger("waltz.server.link")
@@ -80,14 +80,11 @@ class ClientLink:
         self._after_post()
 
     def post_frames(self, frames: list[bytes]) -> None:
-        """Queue FeedData payloads (feeds share one encoding of each commit across clients): one
-        FeedDataBatch frame for them when the client reads it."""
+        """Queue FeedData payloads (feeds share one encoding of each commit across clients): in
+        FeedDataBatch frames when the client reads them."""
         if self._closed or not frames:
             return
-        if self._feed_batches and len(frames) > 1:
-            self._buffer.append(encode_feed_batch(frames))
-        else:
-            self._buffer.extend(frames)
+        self._buffer.extend(encode_feed_batches(frames) if self._feed_batches else frames)
         self._queued += len(frames)
         self._after_post()
 
