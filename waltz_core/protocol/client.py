@@ -233,6 +233,8 @@ _FEED_DATA_SIZE: Final = _FEED_DATA.size
 #: FeedDataBatch up to its records: type 25, the first record's request id, the ``int`` count.
 _FEED_BATCH_HEAD: Final = struct.Struct(">b16si")
 _FEED_BATCH_HEAD_SIZE: Final = _FEED_BATCH_HEAD.size
+#: Where a payload's request id ends (after the type byte): in a FeedDataBatch, where its count starts.
+_REQ_ID_END: Final = 1 + 16
 
 
 class _FeedRecords(Codec[tuple[FeedData, ...]]):
@@ -259,7 +261,7 @@ class _FeedRecords(Codec[tuple[FeedData, ...]]):
             if kind != 4:
                 raise ProtocolError(f"{r.what}: {label}: record {i} has type {kind}, not FeedData (4)")
             out.append(FeedData(ReqId(c, g, p, s), t, h))
-        if r.buf[1:17] != r.buf[_FEED_BATCH_HEAD_SIZE + 1:_FEED_BATCH_HEAD_SIZE + 17]:
+        if r.buf[1:_REQ_ID_END] != r.buf[_FEED_BATCH_HEAD_SIZE + 1:_FEED_BATCH_HEAD_SIZE + _REQ_ID_END]:
             raise ProtocolError(f"{r.what}: the request id of the head is not the first record's")
         return tuple(out)
 
@@ -517,7 +519,7 @@ FEED_BATCH_MAX_RECORDS: Final = (1024 - _FEED_BATCH_HEAD_SIZE) // _FEED_DATA_SIZ
 def encode_feed_batch(frames: list[bytes]) -> bytes:
     """The FeedDataBatch payload of FeedData payloads (:func:`encode_feed_data`'s, at least one),
     without message objects: the server joins the payloads it encoded once per commit."""
-    parts = [_pack_feed_batch_head(_FEED_BATCH_KIND, frames[0][1:17], len(frames))]
+    parts = [_pack_feed_batch_head(_FEED_BATCH_KIND, frames[0][1:_REQ_ID_END], len(frames))]
     parts += frames
     return b"".join(parts)
 
@@ -543,9 +545,9 @@ def unpack_feed_batch(buf: bytes) -> Iterator[tuple[int, int, int, int, int, int
     if not buf or buf[0] != _FEED_BATCH_KIND:
         return None
     n, rest = divmod(len(buf) - _FEED_BATCH_HEAD_SIZE, _FEED_DATA_SIZE)
-    if (n <= 0 or rest or _FEED_BATCH_COUNT(buf, 17)[0] != n
+    if (n <= 0 or rest or _FEED_BATCH_COUNT(buf, _REQ_ID_END)[0] != n
             or buf[_FEED_BATCH_HEAD_SIZE::_FEED_DATA_SIZE] != _FEED_TYPE_BYTE * n
-            or buf[1:17] != buf[_FEED_BATCH_HEAD_SIZE + 1:_FEED_BATCH_HEAD_SIZE + 17]):
+            or buf[1:_REQ_ID_END] != buf[_FEED_BATCH_HEAD_SIZE + 1:_FEED_BATCH_HEAD_SIZE + _REQ_ID_END]):
         return None
     return _FEED_RECORD_FIELDS.iter_unpack(memoryview(buf)[_FEED_BATCH_HEAD_SIZE:])
 
