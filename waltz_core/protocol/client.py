@@ -244,11 +244,8 @@ class _FeedRecords(Codec[tuple[FeedData, ...]]):
     min_size = 4 + _FEED_DATA_SIZE
 
     def write(self, out: list[bytes], value: tuple[FeedData, ...]) -> None:
-        pack = _FEED_DATA.pack
         out.append(I32.pack(len(value)))
-        for f in value:
-            q = f.req_id
-            out.append(pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, f.transaction_id, f.header))
+        out.extend(encode_feed_data(f.req_id, f.transaction_id, f.header) for f in value)
 
     def read(self, r: Reader, label: str) -> tuple[FeedData, ...]:
         n = r.count(label, _FEED_DATA_SIZE)
