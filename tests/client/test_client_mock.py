@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
 
 import attrs
 import pytest
@@ -20,11 +19,11 @@ from waltz_core.locks.base import LockRequest
 from waltz_core.locks.exact import ExactLockTable
 from waltz_core.protocol import CLIENT
 from waltz_core.protocol import client as m
-from waltz_core.protocol.wire import ReqId, crc32
 from waltz_core.server.partition import Partition
 from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.testing.memory_store import MemoryStore
 from waltz_core.testing.mock_cluster import MockCluster
+from waltz_core.testing.raw_stream import RawStream
 from waltz_core.transport import MessageChannel
 from waltz_core.transport.memory import MemoryTransport
 
@@ -459,56 +458,10 @@ def test_a_client_closed_while_it_connects_does_not_hang(apps) -> None:
 # real server: the answers must be the server's, because the mock runs the server's Partition.
 
 
-class Raw:
-    """One raw client connection (stream) to the mock cluster, for one partition."""
-
-    def __init__(self, channel: MessageChannel, client_id: int, generation: int) -> None:
-        self.ch = channel
-        self.client_id = client_id
-        self.generation = generation
-        self.seq = 0
-        self.feed: list[m.FeedData] = []
-
-    @classmethod
-    async def connect(cls, cluster: MockCluster, client_id: int) -> Raw:
-        conn = await MemoryTransport().connect(cluster.address)
-        return cls(await MessageChannel.open(conn, CLIENT, "test"), client_id, cluster.partitions[0].generation)
-
-    def q(self, generation: int | None = None) -> ReqId:
-        self.seq += 1
-        return ReqId(self.client_id, self.generation if generation is None else generation, 0, self.seq)
-
-    async def until(self, kind: type, req_id: ReqId | None = None, timeout: float = 10.0) -> Any:
-        while True:
-            msg = await asyncio.wait_for(self.ch.recv(), timeout)
-            if type(msg) is m.FeedData:
-                self.feed.append(msg)
-            elif type(msg) is m.FeedDataBatch:  # protocol 3: the feed records of a commit in one message
-                self.feed.extend(msg.records)
-                if kind is m.FeedData:
-                    return msg.records[-1]
-            if type(msg) is kind and (req_id is None or msg.req_id == req_id):
-                return msg
-
-    async def mount(self, hwm: int = -1) -> m.MountResponse:
-        q = self.q()
-        await self.ch.send(m.MountRequest(q, hwm, 1))
-        return await self.until(m.MountResponse, q)
-
-    async def append(self, data: bytes, hwm: int = -1, write: tuple[int, ...] = (), read: tuple[int, ...] = (),
-                     append: tuple[int, ...] = (), generation: int | None = None) -> ReqId:
-
-        q = self.q(generation)
-        await self.ch.send(m.AppendRequest(q, hwm, write, read, append, 0, data, crc32(data)))
-        return q
-
-    async def flush(self) -> int:
-        q = self.q()
-        await self.ch.send(m.FlushRequest(q))
-        hwm: int = (await self.until(m.FlushResponse, q)).transaction_id
-        while (self.feed[-1].transaction_id if self.feed else -1) < hwm:
-            await self.until(m.FeedData)
-        return hwm
+async def connect_raw(cluster: MockCluster, client_id: int) -> RawStream:
+    """A raw stream connection of ``client_id`` to the mock's partition 0."""
+    conn = await MemoryTransport().connect(cluster.address)
+    return RawStream(await MessageChannel.open(conn, CLIENT, "test"), client_id, cluster.partitions[0].generation)
 
 
 async def test_the_mock_runs_the_servers_partition_and_its_lock_rules() -> None:
@@ -516,7 +469,7 @@ async def test_the_mock_runs_the_servers_partition_and_its_lock_rules() -> None:
         partition = cluster.partitions[0]
         assert type(partition) is Partition and isinstance(partition.store, MemoryStore)
         assert isinstance(partition.locks, ExactLockTable)  # the mock's default table
-        a = await Raw.connect(cluster, 1)
+        a = await connect_raw(cluster, 1)
         assert (await a.mount()).state is m.PartitionState.READY
         lock = 12345
         await a.append(b"w0", hwm=-1, write=(lock,))
@@ -548,7 +501,7 @@ async def test_conflicting_appends_in_flight_serialize_as_on_the_server() -> Non
     async with MockCluster(1, seed=0) as cluster:
         cluster.set_max_delay(0.6)  # seed 0: the first append stays in flight for about 0.5 s
         partition = cluster.partitions[0]
-        a = await Raw.connect(cluster, 1)
+        a = await connect_raw(cluster, 1)
         await a.mount()
         # Ten appends on one lock, each computed at the head before the previous committed.
         reqs = [await a.append(f"x{i}".encode(), hwm=-1, write=(7,)) for i in range(10)]
@@ -568,7 +521,7 @@ async def test_a_conflict_waits_aside_and_does_not_hold_back_the_appends_behind_
     async with MockCluster(1, seed=0) as cluster:
         cluster.set_max_delay(0.6)  # seed 0: the first append stays in flight for about 0.5 s
         partition = cluster.partitions[0]
-        a = await Raw.connect(cluster, 1)
+        a = await connect_raw(cluster, 1)
         await a.mount()
         first = await a.append(b"w7", hwm=-1, write=(7,))
         conflicting = await a.append(b"also-w7", hwm=-1, write=(7,))
@@ -591,14 +544,14 @@ async def test_a_conflict_waits_aside_and_does_not_hold_back_the_appends_behind_
 
 async def test_a_moved_partition_starts_a_new_lock_table_at_its_high_water_mark() -> None:
     async with MockCluster(1) as cluster:
-        old = await Raw.connect(cluster, 1)
+        old = await connect_raw(cluster, 1)
         await old.mount()
         await old.append(b"w0", hwm=-1, write=(7,))
         assert await old.flush() == 0
         cluster.move_partition(0)
         await old.until(m.FeedSuspended)  # the old generation's clients are told
         assert cluster.partitions[0].generation == 2
-        new = await Raw.connect(cluster, 2)
+        new = await connect_raw(cluster, 2)
         assert (await new.mount()).state is m.PartitionState.READY
         assert [f.transaction_id for f in new.feed] == [0]
         # As Partition.open does on a server: every lock's estimate starts at the high-water mark,

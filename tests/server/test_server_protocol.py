@@ -12,7 +12,6 @@ import json
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
@@ -20,67 +19,13 @@ import pytest
 from waltz_core.errors import ConnectionClosedError
 from waltz_core.protocol import CLIENT, Family
 from waltz_core.protocol import client as m
-from waltz_core.protocol.wire import ReqId, crc32
+from waltz_core.protocol.wire import crc32
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.testing.conformance.coordination import eventually
+from waltz_core.testing.raw_stream import RawStream
 from waltz_core.transport import MessageChannel, open_transport
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Raw:
-    """One raw client connection (stream) to the server owning a partition."""
-
-    def __init__(self, channel: MessageChannel, client_id: int, generation: int, partition: int = 0) -> None:
-        self.ch = channel
-        self.client_id = client_id
-        self.generation = generation
-        self.partition = partition
-        self.seq = 0
-        self.feed: list[m.FeedData] = []
-        self.seen: set[type] = set()  #: the message classes received
-
-    def q(self, generation: int | None = None) -> ReqId:
-        self.seq += 1
-        return ReqId(self.client_id, self.generation if generation is None else generation, self.partition, self.seq)
-
-    async def until(self, kind: type, req_id: ReqId | None = None, timeout: float = 10.0) -> Any:
-        while True:
-            msg = await asyncio.wait_for(self.ch.recv(), timeout)
-            self.seen.add(type(msg))
-            if type(msg) is m.FeedData:
-                self.feed.append(msg)
-            elif type(msg) is m.FeedDataBatch:  # protocol 3: the feed records of a commit in one message
-                self.feed.extend(msg.records)
-                if kind is m.FeedData:
-                    return msg.records[-1]
-            if type(msg) is kind and (req_id is None or msg.req_id == req_id):
-                return msg
-
-    async def mount(self, hwm: int = -1, seq_num: int = 1) -> m.MountResponse:
-        q = self.q()
-        await self.ch.send(m.MountRequest(q, hwm, seq_num))
-        return await self.until(m.MountResponse, q)  # type: ignore[no-any-return]
-
-    async def append(self, data: bytes, hwm: int = -1, write: tuple[int, ...] = (), read: tuple[int, ...] = (),
-                     append: tuple[int, ...] = (), generation: int | None = None) -> ReqId:
-        q = self.q(generation)
-        await self.ch.send(m.AppendRequest(q, hwm, write, read, append, 0, data, crc32(data)))
-        return q
-
-    async def flush(self) -> int:
-        """Flush, then read the feed up to the flushed high-water mark (the response may overtake
-        feed records, so a client completes a flush only once its feed got there, as the Waltz design says)."""
-        q = self.q()
-        await self.ch.send(m.FlushRequest(q))
-        hwm: int = (await self.until(m.FlushResponse, q)).transaction_id
-        while self.feed_hwm < hwm:
-            await self.until(m.FeedData)
-        return hwm
-
-    @property
-    def feed_hwm(self) -> int:
-        return self.feed[-1].transaction_id if self.feed else -1
 
 
 @pytest.fixture
@@ -91,12 +36,12 @@ async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
         yield cl
 
 
-async def connect(cl: InProcessCluster, client_id: int, partition: int = 0, family: Family = CLIENT) -> Raw:
+async def connect(cl: InProcessCluster, client_id: int, partition: int = 0, family: Family = CLIENT) -> RawStream:
     server = cl.servers[0]
     transport = open_transport(cl.spec.transport_config, cl.spec.runtime.registries)
     conn = await transport.connect(server.address)
     ch = await MessageChannel.open(conn, family, "test")
-    return Raw(ch, client_id, server.partitions[partition].generation, partition)
+    return RawStream(ch, client_id, server.partitions[partition].generation, partition)
 
 
 async def test_feed_records_come_in_batches_to_protocol_3_clients_and_one_by_one_to_older_ones(
