@@ -83,6 +83,14 @@ def feed_data_batches(draw: st.DrawFn) -> client.FeedDataBatch:
     return client.FeedDataBatch(records[0].req_id, records)
 
 
+@st.composite
+def append_many_requests(draw: st.DrawFn) -> storage.StorageAppendManyRequest:
+    # Each append's sequence number is its index and none is offline (the layout has neither).
+    parts = draw(st.lists(st.tuples(i64, i32, record_batches(valid_checksums=False) | record_lists), max_size=4))
+    appends = tuple(storage.StorageAppendRequest(sid, index, pid, batch) for index, (sid, pid, batch) in enumerate(parts))
+    return storage.StorageAppendManyRequest(draw(i64), draw(i64), draw(i32), appends)
+
+
 hellos = st.builds(Hello, st.binary(min_size=1, max_size=1), st.lists(st.integers(0, 2**16 - 1), min_size=1,
                    max_size=20).map(tuple), text)
 
@@ -142,6 +150,9 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
         _s.RecordHeaderListResponse, *_head, st.lists(record_headers, max_size=6).map(tuple)),
     _s.RecordListRequest: st.builds(_s.RecordListRequest, *_head, i64, i32),
     _s.RecordListResponse: st.builds(_s.RecordListResponse, *_head, record_batches()),
+    _s.StorageAppendManyRequest: append_many_requests(),
+    _s.AppendManyResponse: st.builds(  # (index, error code, message) of each refused append
+        _s.AppendManyResponse, *_head, st.lists(st.tuples(i32, i32, text), max_size=4).map(tuple)),
 }
 
 _a = admin
@@ -193,6 +204,10 @@ _SAMPLE_BY_TYPE: dict[Any, Any] = {
     tuple[bytes, ...]: (b"abc", b"", b"defgh"),  # as many as the tuple[int, ...] sample (range checksums)
     # the first record's request id is the message's (the ReqId sample)
     tuple[client.FeedData, ...]: (client.FeedData(ReqId(1, 2, 3, 4), 7, 1), client.FeedData(ReqId(5, 2, 3, 9), 8, -2)),
+    # each append's sequence number is its index in the message
+    tuple[storage.StorageAppendRequest, ...]: (storage.StorageAppendRequest(5, 0, 1, _SAMPLE_BATCH),
+                                               storage.StorageAppendRequest(6, 1, 2, _SAMPLE_BATCH)),
+    tuple[tuple[int, int, str], ...]: ((1, 4, "stale"), (3, 9, "h\u00e9llo")),
 }
 
 

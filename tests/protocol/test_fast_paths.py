@@ -103,3 +103,42 @@ def test_storage_encode_append_refuses_values_that_do_not_fit() -> None:
 
     with pytest.raises(ProtocolError, match="cannot encode StorageAppendRequest"):
         sm.encode_append(2**63, 1, 0, RecordBatch(b"", 0, 0))
+
+
+@given(STORAGE[sm.StorageAppendManyRequest])
+def test_storage_encode_append_many_from_fields_equals_encoding_the_message(msg: sm.StorageAppendManyRequest) -> None:
+    """The server encodes its queued (session id, partition id, batch) triples; the node decodes
+    each append as the request it handles, its index as its sequence number."""
+    import attrs
+
+    many = attrs.evolve(msg, session_id=-1, partition_id=-1)
+    raw = sm.encode_append_many(many.seq_num, [(p.session_id, p.partition_id, p.records) for p in many.appends])
+    assert raw == sm.encode(many) == sm.CODEC.generic_encode(many)
+    decoded = sm.decode(raw)
+    assert decoded == many == sm.CODEC.generic_decode(raw)
+    assert all(type(p) is sm.StorageAppendRequest and p.seq_num == i and not p.offline
+               for i, p in enumerate(decoded.appends))
+    assert sm.decode(memoryview(raw)) == many  # frames may arrive as memoryviews
+
+
+def test_storage_append_many_refuses_appends_it_cannot_carry() -> None:
+    """Its layout has no sequence number and no offline flag per append: an append whose
+    sequence number is not its index, or an offline one, cannot be encoded."""
+    import pytest
+
+    from waltz_core.errors import ProtocolError
+    from waltz_core.protocol.wire import RecordBatch
+
+    empty = RecordBatch(b"", 0, 0)
+    for appends in ((sm.StorageAppendRequest(1, 1, 0, empty),), (sm.StorageAppendRequest(1, 0, 0, empty, True),)):
+        for encode in (sm.encode, sm.CODEC.generic_encode):
+            with pytest.raises(ProtocolError, match="cannot encode StorageAppendManyRequest"):
+                encode(sm.StorageAppendManyRequest(-1, 3, -1, appends))
+    with pytest.raises(ProtocolError, match="cannot encode StorageAppendManyRequest"):
+        sm.encode_append_many(1, [(2**63, 0, empty)])
+
+
+@given(STORAGE[sm.AppendManyResponse])
+def test_storage_append_many_response_fast_decode_equals_the_generic_one(msg: sm.AppendManyResponse) -> None:
+    raw = sm.encode(msg)
+    assert sm.decode(raw) == msg == sm.CODEC.generic_decode(raw)

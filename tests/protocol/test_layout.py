@@ -26,8 +26,9 @@ GOLDENS = goldens.load()
 #: the hand-written fast paths, and nothing else: a new override must be added here (and so tested)
 OVERRIDES = {
     client: ({client.AppendRequest, client.FeedData}, {client.AppendRequest, client.FeedData, client.LockFailure}),
-    storage: ({storage.StorageAppendRequest, storage.RecordListResponse},
-              {storage.StorageAppendRequest, storage.RecordListResponse, storage.SuccessResponse}),
+    storage: ({storage.StorageAppendRequest, storage.RecordListResponse, storage.StorageAppendManyRequest},
+              {storage.StorageAppendRequest, storage.RecordListResponse, storage.SuccessResponse,
+               storage.StorageAppendManyRequest, storage.AppendManyResponse}),
     admin: (set(), set()),
 }
 OVERRIDDEN = [(fam, cls) for fam in FAMILY_MODULES for cls in sorted(OVERRIDES[fam][0] | OVERRIDES[fam][1],
@@ -60,7 +61,7 @@ def test_failure_responses_carry_a_signed_32_bit_error_code() -> None:
     assert raw == struct.pack(">bq", 2, 9) + struct.pack(">i", 2**31 - 1) + struct.pack(">i", 0)
     with pytest.raises(ProtocolError, match="cannot encode FailureResponse"):
         storage.encode(storage.FailureResponse(1, 2, 3, 2**31, "no"))
-    assert storage.VERSIONS == (3,) and admin.VERSIONS == (2,)
+    assert storage.VERSIONS == (3, 4) and admin.VERSIONS == (2,)
 
 
 # --------------------------------------------------------------------------------- fast paths

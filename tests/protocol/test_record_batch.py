@@ -95,13 +95,21 @@ def test_record_list_response_round_trip_and_version() -> None:
     assert sm.StorageAppendRequest(1, 2, 3, _sample()).records == batch
     assert RecordBatch.of(batch) is batch
     assert RECORD_HEAD is STORED_RECORD_HEAD  # one definition of the record layout
-    assert STORAGE.versions == (3,)  # 3: numeric error codes; batches since 2
+    assert STORAGE.versions == (3, 4)  # 4: appends of several partitions; 3: numeric error codes; batches since 2
 
 
 @pytest.mark.parametrize("old", [1, 2])
 def test_an_older_peer_fails_the_handshake_clearly(old: int) -> None:
-    with pytest.raises(HandshakeError, match=rf"no common protocol version.*we speak \[3\], it speaks \[{old}\]"):
+    with pytest.raises(HandshakeError, match=rf"no common protocol version.*we speak \[3, 4\], it speaks \[{old}\]"):
         negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "storage-node"), Hello(sm.PROTOCOL, (old,), "old-server"))
+
+
+def test_a_version_3_peer_is_spoken_to_in_version_3() -> None:
+    """A node or server of the release before speaks 3 only: the link uses 3, and the server
+    sends every append alone (StorageClient checks the version)."""
+    assert negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "storage-node"), Hello(sm.PROTOCOL, (3,), "old-server")) == 3
+    assert negotiate(Hello(sm.PROTOCOL, (3,), "old-node"), Hello(sm.PROTOCOL, sm.VERSIONS, "server")) == 3
+    assert negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "node"), Hello(sm.PROTOCOL, sm.VERSIONS, "server")) == 4
 
 
 # ------------------------------------------------------------------------- malformed batches

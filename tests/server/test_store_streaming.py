@@ -127,6 +127,7 @@ async def test_a_stream_pump_goes_on_past_a_session_whose_pump_raises(caplog: py
     class Session:
         def __init__(self, partition_id: int, broken: bool) -> None:
             self.partition_id, self.broken = partition_id, broken
+            self.streamers: list[object] = []
 
         def pump(self) -> None:
             if self.broken:
@@ -139,3 +140,47 @@ async def test_a_stream_pump_goes_on_past_a_session_whose_pump_raises(caplog: py
     await asyncio.sleep(0)
     assert pumped == [1]
     assert "partition 0: sending its replicas their batches failed" in caplog.text
+
+
+async def test_the_stream_pump_sends_what_clients_hold_for_one_message() -> None:
+    """A client that holds appends to send several partitions' in one message (the storage
+    client with a protocol-4 node) offers ``send_appends``: the pump calls it once it has
+    pumped every partition, so the batches leave in that loop step, not from the client's own
+    loop callback a step later."""
+    import asyncio
+
+    class HoldingReplica(StreamingFakeReplica):
+        def __init__(self, endpoint: str) -> None:
+            super().__init__(endpoint)
+            self.held: list[tuple] = []  # type: ignore[type-arg]
+            self.sent_by_store = self.sent_by_fallback = 0
+
+        def append_nowait(self, *args):  # type: ignore[no-untyped-def, override]
+            if not self.held:
+                asyncio.get_running_loop().call_soon(self._fallback)
+            self.held.append(args)
+
+        def send_appends(self) -> None:
+            self.sent_by_store += bool(self.held)
+            self._send()
+
+        def _fallback(self) -> None:
+            self.sent_by_fallback += bool(self.held)
+            self._send()
+
+        def _send(self) -> None:
+            held, self.held = self.held, []
+            for args in held:
+                super().append_nowait(*args)
+
+    replicas, _, store, sink = make(kind=HoldingReplica)
+    await store.open(sink)
+    for i in range(5):
+        await append_n(store, 10, start=10 * i)
+        await store.flush()
+    holding = [r for r in replicas.values() if isinstance(r, HoldingReplica)]
+    # The first batch leaves from the task that starts the stream: the client's own callback sends it.
+    assert all(r.sent_by_store >= 4 and r.sent_by_fallback <= 1 for r in holding), [
+        (r.sent_by_store, r.sent_by_fallback) for r in holding]
+    assert all(r.log(0) == holding[0].log(0) and len(r.log(0)) == 50 for r in holding)
+    await store.close()

@@ -104,3 +104,100 @@ async def test_a_callback_that_raises_is_logged_and_the_connection_goes_on(
     assert not client.closed
     assert await client.max_transaction_id(1, 0) == 3
     assert "a response callback failed" in caplog.text
+
+
+def _sent_types(client: StorageClient) -> list[str]:
+    """Record the type of every message the client's pipeline sends from now on."""
+    from waltz_core.protocol import storage as sm
+
+    sent: list[str] = []
+    pipeline = client._p
+    send = pipeline.send_nowait
+
+    def recording(seq: int, frame: bytes, callback):  # type: ignore[no-untyped-def]
+        sent.append(type(sm.decode(frame)).__name__)
+        send(seq, frame, callback)
+
+    pipeline.send_nowait = recording  # type: ignore[method-assign]
+    return sent
+
+
+async def test_the_appends_of_one_loop_step_share_one_message(node: NodeHarness) -> None:
+    """Storage protocol 4: appends made together go out as one StorageAppendManyRequest, each
+    answered with its own result; a single append still goes alone; send_appends sends what is
+    queued at once (the replicated store calls it after pumping its partitions)."""
+    from waltz_core.errors import PartitionNotFoundError
+
+    client = await node.client()
+    sent = _sent_types(client)
+    answers = [_append(client, 1, 0, RecordBatch.from_records(make_records(0, 4))),
+               _append(client, 1, 1, RecordBatch.from_records(make_records(0, 2, partition_id=1))),
+               _append(client, 1, 0, RecordBatch.from_records(make_records(9, 1))),  # a gap: refused alone
+               _append(client, 1, 2, RecordBatch.from_records(make_records(0, 1, partition_id=2)))]  # not assigned
+    client.send_appends()
+    assert sent == ["StorageAppendManyRequest"]
+    results = await asyncio.gather(*answers)
+    assert results[:2] == [None, None]
+    assert isinstance(results[2], OutOfOrderAppendError) and isinstance(results[3], PartitionNotFoundError)
+    assert await _append(client, 1, 0, RecordBatch.from_records(make_records(4, 1))) is None  # from the loop callback
+    assert sent == ["StorageAppendManyRequest", "StorageAppendRequest"]
+    assert [await client.max_transaction_id(1, p) for p in (0, 1)] == [4, 1]
+
+
+async def test_appends_made_by_answer_callbacks_go_out_together(node: NodeHarness) -> None:
+    """Each answer's callbacks append the partitions' next batches (as the replicated store's
+    streaming replicas do): they leave in one message when the callbacks are done."""
+    client = await node.client()
+    sent = _sent_types(client)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    rounds = {0: 0, 1: 0}
+
+    def next_batch(partition_id: int) -> None:
+        rounds[partition_id] += 1
+        if rounds[partition_id] > 3:
+            if all(r > 3 for r in rounds.values()) and not done.done():
+                done.set_result(None)
+            return
+        start = (rounds[partition_id] - 1) * 5
+        batch = RecordBatch.from_records(make_records(start, 5, partition_id=partition_id))
+        client.append_nowait(1, partition_id, batch, lambda e, p=partition_id: e is None and next_batch(p))
+
+    next_batch(0)
+    next_batch(1)
+    await asyncio.wait_for(done, 10)
+    assert sent == ["StorageAppendManyRequest"] * 3
+    assert [await client.max_transaction_id(1, p) for p in (0, 1)] == [14, 14]
+
+
+async def test_a_version_3_node_gets_every_append_alone(node: NodeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node of the release before speaks storage protocol 3: no StorageAppendManyRequest for it."""
+    import attrs
+
+    from waltz_core.storage import node as node_module
+
+    monkeypatch.setattr(node_module, "STORAGE", attrs.evolve(node_module.STORAGE, versions=(3,)))
+    client = await node.client()
+    assert client._p.channel.version == 3
+    sent = _sent_types(client)
+    answers = [_append(client, 1, p, RecordBatch.from_records(make_records(0, 3, partition_id=p))) for p in (0, 1)]
+    assert await asyncio.gather(*answers) == [None, None]
+    assert sent == ["StorageAppendRequest", "StorageAppendRequest"]
+
+
+async def test_a_message_of_several_appends_stays_within_its_size(node: NodeHarness) -> None:
+    """Appends beyond the byte limit of one message (MANY_APPENDS_MAX_BYTES, at most half the
+    largest frame) go in the next message: none is larger than the limit plus its head."""
+    client = await node.client()
+    sent = _sent_types(client)
+    from .conftest import make_record
+
+    def batch(start: int, partition_id: int) -> RecordBatch:  # 40 records of 100 bytes: every batch as large
+        return RecordBatch.from_records([make_record(t, b"x" * 100, partition_id) for t in range(start, start + 40)])
+
+    batches = [batch(0, 0), batch(0, 1), batch(40, 0), batch(40, 1)]
+    assert len({b.nbytes for b in batches}) == 1
+    client._many_max_bytes = 2 * batches[0].nbytes  # two batches a message
+    answers = [_append(client, 1, i % 2, b) for i, b in enumerate(batches)]
+    assert await asyncio.gather(*answers) == [None] * 4
+    assert sent == ["StorageAppendManyRequest", "StorageAppendManyRequest"]
+    assert [await client.max_transaction_id(1, p) for p in (0, 1)] == [79, 79]

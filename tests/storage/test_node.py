@@ -424,3 +424,44 @@ async def test_a_partition_that_rings_again_within_a_round_is_synced_before_its_
         responses = [response for _reply, response in replies]
         assert [type(r).__name__ for r in responses] == ["SuccessResponse", "RecordListResponse"]
         assert responses[1].records == tuple(make_records(0, 3))
+
+
+async def test_appends_of_several_partitions_in_one_message_get_one_answer(harness: NodeHarness) -> None:
+    """Storage protocol 4: each append of a StorageAppendManyRequest is handled as if it had
+    come alone (fencing, order, checksums); one AppendManyResponse lists the refused ones by
+    index, and every other one is durable."""
+    await _ready(harness, 0, 1, 2)
+    conn = await harness.transport.connect(harness.data_listener.address)
+    ch = await MessageChannel.open(conn, STORAGE, "test")
+    assert ch.version == 4
+    await ch.send(sm.StorageAppendManyRequest(-1, 3, -1, ()))  # before the open request
+    refused = await ch.recv()
+    assert isinstance(refused, sm.FailureResponse) and refused.seq_num == 3 and "send an OpenRequest" in refused.message
+    await ch.send(sm.OpenRequest(-1, -1, -1, harness.cluster_key, 4))
+    assert isinstance(await ch.recv(), sm.SuccessResponse)
+
+    def batch(start: int, count: int, partition_id: int) -> RecordBatch:
+        return RecordBatch.from_records(make_records(start, count, partition_id))
+
+    await ch.send(sm.StorageAppendManyRequest(-1, 5, -1, (
+        sm.StorageAppendRequest(2, 0, 0, batch(0, 10, 0)),
+        sm.StorageAppendRequest(2, 1, 1, batch(0, 3, 1)),
+        sm.StorageAppendRequest(2, 2, 0, batch(10, 5, 0)),  # the same partition again: after the first
+        sm.StorageAppendRequest(2, 3, 2, batch(4, 1, 2)),  # out of order: partition 2 is empty
+        sm.StorageAppendRequest(2, 4, 3, batch(0, 1, 3)),  # not assigned
+        sm.StorageAppendRequest(2, 5, 9, batch(0, 1, 9)),  # no such partition
+    )))
+    answer = await asyncio.wait_for(ch.recv(), 10)
+    assert isinstance(answer, sm.AppendManyResponse) and answer.seq_num == 5
+    assert [(index, code) for index, code, _ in answer.failures] == [
+        (3, OutOfOrderAppendError.code), (4, PartitionNotFoundError.code), (5, PartitionNotFoundError.code)]
+    assert "partition 2: transaction out of order" in answer.failures[0][2]
+    await ch.send(sm.StorageAppendManyRequest(-1, 6, -1, (sm.StorageAppendRequest(1, 0, 1, batch(3, 1, 1)),)))
+    stale = await asyncio.wait_for(ch.recv(), 10)  # session 1 is fenced by 2 on partition 1
+    assert [(index, code) for index, code, _ in stale.failures] == [(0, StaleSessionError.code)]
+    await ch.send(sm.StorageAppendManyRequest(-1, 7, -1, ()))
+    assert await asyncio.wait_for(ch.recv(), 10) == sm.AppendManyResponse(-1, 7, -1)
+    await ch.close()
+    client = await harness.client()
+    assert [await client.max_transaction_id(2, p) for p in (0, 1, 2)] == [14, 2, -1]
+    assert [r.transaction_id for r in await client.record_list(2, 0, 0, 100)] == list(range(15))

@@ -13,7 +13,14 @@ included) instead of version 1's per-record encoding.
 
 Version 3: ``FailureResponse`` carries ``int error_code`` (a numeric code from
 :mod:`waltz_core.errors`) where version 2 had ``str error_type`` (an exception class name), in
-the same position. Only version 3 is spoken: an older peer fails the handshake.
+the same position.
+
+Version 4 adds ``StorageAppendManyRequest`` and its answer ``AppendManyResponse``: the appends of
+several partitions (one per partition and store session, each as a ``StorageAppendRequest``
+would carry it) in one message, answered by one message that lists only the appends refused. A
+server sends the batches its partitions have ready for one node together, so a round of a node
+with many partitions is one request and one answer instead of one per partition. Versions 3 and
+4 are spoken; with a version-3 peer every append goes alone. An older peer fails the handshake.
 
 Hand-written fast paths, registered as overrides of the generic codec and equivalent to it: the
 record batches of ``StorageAppendRequest`` and ``RecordListResponse`` (head and batch head in
@@ -41,14 +48,19 @@ from .layout import (
     SESSION_INFO,
     STRING,
     UUID,
+    Array,
     Buf,
+    Codec,
     FamilyCodec,
     Nullable,
     RecordBatchCodec,
+    Tuple,
 )
 from .wire import (
+    I32,
     RECORD_BATCH_HEAD,
     STORED_RECORD_OVERHEAD,
+    Reader,
     Record,
     RecordBatch,
     RecordHeader,
@@ -56,9 +68,12 @@ from .wire import (
 )
 
 PROTOCOL: Final = b"S"
-VERSIONS: Final = (3,)  #: 3: numeric error codes in failures; 2: record batches (see the module doc)
+VERSIONS: Final = (3, 4)  #: 4: appends of several partitions in one message; 3: numeric error codes in failures
 
 _RECORD_BATCH: Final = RecordBatchCodec(walk=False)
+#: one append of a StorageAppendManyRequest: session id, partition id, then its batch head
+_PART_HEAD: Final = struct.Struct(">qi" + RECORD_BATCH_HEAD.format[1:])
+_PART_HEAD_SIZE: Final = _PART_HEAD.size
 #: record lists are walked when decoded: a malformed list fails here, not in whoever reads it
 _RECORD_BATCH_WALKED: Final = RecordBatchCodec(walk=True)
 
@@ -240,11 +255,66 @@ class RecordListResponse:
     records: Annotated[RecordBatch, _RECORD_BATCH_WALKED] = attrs.field(converter=_record_batch)
 
 
+class AppendParts(Codec[tuple["StorageAppendRequest", ...]]):
+    """The appends of a :class:`StorageAppendManyRequest`: ``int`` count, then each append's
+    ``long session_id, int partition_id`` and record batch.
+
+    Each decodes as the ``StorageAppendRequest`` a storage node handles: its sequence number is
+    its index in the message (the answer names a refused append by it), and it is not offline
+    (offline recovery appends one batch at a time). Encoding refuses anything else."""
+
+    min_size = _PART_HEAD_SIZE
+
+    def write(self, out: list[bytes], value: tuple[StorageAppendRequest, ...]) -> None:
+        out.append(I32.pack(len(value)))
+        for index, part in enumerate(value):
+            if part.seq_num != index or part.offline:
+                raise ValueError(f"append {index} must have sequence number {index} and not be offline")
+            b = part.records
+            out.append(_PART_HEAD.pack(part.session_id, part.partition_id, len(b), b.first_transaction_id, b.nbytes))
+            out.append(b.data)  # type: ignore[arg-type]  # joined with the rest: any bytes-like object
+
+    def read(self, r: Reader, label: str) -> tuple[StorageAppendRequest, ...]:
+        n = r.count(label, _PART_HEAD_SIZE)
+        parts = []
+        for index in range(n):
+            session_id = r.i64(f"{label} session id")
+            partition_id = r.i32(f"{label} partition id")
+            parts.append(StorageAppendRequest(session_id, index, partition_id, r.record_batch(label)))
+        return tuple(parts)
+
+
+@attrs.frozen(slots=True)
+class StorageAppendManyRequest:
+    """Appends to several partitions (version 4). The head's session id and partition id are
+    -1: each append carries its own."""
+
+    TYPE: ClassVar[int] = 19
+    session_id: int
+    seq_num: int
+    partition_id: int
+    appends: Annotated[tuple[StorageAppendRequest, ...], AppendParts()]
+
+
+@attrs.frozen(slots=True)
+class AppendManyResponse:
+    """The answer to a :class:`StorageAppendManyRequest` (version 4): every append not listed
+    is durable on the node; each listed one was refused, as ``(index in the request, error
+    code, message)``, as a ``FailureResponse`` would have said."""
+
+    TYPE: ClassVar[int] = 20
+    session_id: int
+    seq_num: int
+    partition_id: int
+    failures: Annotated[tuple[tuple[int, int, str], ...], Array(Tuple(INT32, INT32, STRING))] = ()
+
+
 StorageMessage: TypeAlias = (
     OpenRequest | LastSessionInfoRequest | LastSessionInfoResponse | SetLowWaterMarkRequest | TruncateRequest |
     StorageAppendRequest | SuccessResponse | FailureResponse | RecordHeaderRequest | RecordHeaderResponse |
     RecordRequest | RecordResponse | MaxTransactionIdRequest | MaxTransactionIdResponse | RecordHeaderListRequest |
-    RecordHeaderListResponse | RecordListRequest | RecordListResponse
+    RecordHeaderListResponse | RecordListRequest | RecordListResponse | StorageAppendManyRequest |
+    AppendManyResponse
 )
 #: every message class, in TYPE order (the alias above is the one list of them)
 MESSAGES: Final[tuple[type, ...]] = typing.get_args(StorageMessage)
@@ -363,3 +433,89 @@ def _dec_success(buf: Buf) -> SuccessResponse:
         return _generic_success(buf)  # raises the precise error
     _, session_id, seq_num, partition_id = _HEAD.unpack_from(buf, 0)
     return success_response(session_id, seq_num, partition_id)
+
+
+# Appends of several partitions (version 4): a server sends one per node and round, the node
+# answers it once.
+_MANY_HEAD: Final = struct.Struct(">bqqii")  # the family head, then the count of appends
+_MANY_TYPE: Final = StorageAppendManyRequest.TYPE
+_set_many_session_id, _set_many_seq_num, _set_many_partition_id, _set_many_appends = (
+    getattr(StorageAppendManyRequest, a.name).__set__ for a in attrs.fields(StorageAppendManyRequest))
+_generic_append_many: Final = CODEC.generic_decoder(StorageAppendManyRequest)
+_generic_many_response: Final = CODEC.generic_decoder(AppendManyResponse)
+_NO_FAILURES: Final = _MANY_HEAD.size  # an AppendManyResponse with an empty list is just the head and 0
+
+
+def encode_append_many(seq_num: int, appends: Iterable[tuple[int, int, RecordBatch]]) -> bytes:
+    """``encode(StorageAppendManyRequest(-1, seq_num, -1, ...))`` from ``(session id, partition
+    id, batch)`` triples, without making the messages."""
+    out: list[bytes | memoryview] = [b""]
+    pack = _PART_HEAD.pack
+    n = 0
+    try:
+        for session_id, partition_id, b in appends:
+            out.append(pack(session_id, partition_id, len(b), b.first_transaction_id, b.nbytes))
+            out.append(b.data)
+            n += 1
+        out[0] = _MANY_HEAD.pack(_MANY_TYPE, -1, seq_num, -1, n)
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode StorageAppendManyRequest: {exc}") from None
+    return b"".join(out)
+
+
+@CODEC.encoder(StorageAppendManyRequest)
+def _enc_append_many(m: StorageAppendManyRequest) -> bytes:
+    for index, part in enumerate(m.appends):
+        if part.seq_num != index or part.offline:
+            raise ProtocolError(f"cannot encode StorageAppendManyRequest: append {index} must have sequence number "
+                                f"{index} and not be offline")
+    if m.session_id != -1 or m.partition_id != -1:
+        return CODEC.generic_encode(m)
+    return encode_append_many(m.seq_num, ((p.session_id, p.partition_id, p.records) for p in m.appends))
+
+
+@CODEC.decoder(StorageAppendManyRequest)
+def _dec_append_many(buf: Buf) -> StorageAppendManyRequest:
+    # As _dec_append: batch heads are checked here, the records by the partitions' rounds.
+    end = len(buf)
+    if end < _MANY_HEAD.size:
+        return _generic_append_many(buf)
+    _, session_id, seq_num, partition_id, n = _MANY_HEAD.unpack_from(buf, 0)
+    pos = _MANY_HEAD.size
+    if n < 0 or n * _PART_HEAD_SIZE > end - pos:
+        return _generic_append_many(buf)
+    view = memoryview(buf)
+    unpack, new = _PART_HEAD.unpack_from, _new_object
+    parts = []
+    for index in range(n):
+        if pos + _PART_HEAD_SIZE > end:
+            return _generic_append_many(buf)
+        part_session, part_partition, count, first, nbytes = unpack(buf, pos)
+        pos += _PART_HEAD_SIZE
+        if (count < 0 or nbytes < 0 or count * STORED_RECORD_OVERHEAD > nbytes or (count == 0 and nbytes)
+                or pos + nbytes > end):
+            return _generic_append_many(buf)
+        m: StorageAppendRequest = new(StorageAppendRequest)
+        _set_append_session_id(m, part_session)
+        _set_append_seq_num(m, index)
+        _set_append_partition_id(m, part_partition)
+        _set_append_records(m, RecordBatch(view[pos : pos + nbytes], count, first))
+        _set_append_offline(m, False)
+        parts.append(m)
+        pos += nbytes
+    if pos != end:
+        return _generic_append_many(buf)
+    many: StorageAppendManyRequest = new(StorageAppendManyRequest)
+    _set_many_session_id(many, session_id)
+    _set_many_seq_num(many, seq_num)
+    _set_many_partition_id(many, partition_id)
+    _set_many_appends(many, tuple(parts))
+    return many
+
+
+@CODEC.decoder(AppendManyResponse)
+def _dec_many_response(buf: Buf) -> AppendManyResponse:
+    if len(buf) != _NO_FAILURES or buf[-4:] != b"\x00\x00\x00\x00":
+        return _generic_many_response(buf)  # failures listed (rare), or the precise error
+    _, session_id, seq_num, partition_id, _n = _MANY_HEAD.unpack_from(buf, 0)
+    return AppendManyResponse(session_id, seq_num, partition_id)

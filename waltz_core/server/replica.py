@@ -13,7 +13,11 @@ An implementation may also offer ``append_nowait(session_id, partition_id, recor
 which sends the append without awaiting and calls ``done(None)`` once it is durable or
 ``done(error)`` (raising at once instead when the connection has already failed), as
 :meth:`~waltz_core.storage.client.StorageClient.append_nowait` does. Replica sessions then stream
-to it from callbacks instead of driving it from a task per batch (:mod:`.store`).
+to it from callbacks instead of driving it from a task per batch (:mod:`.store`). Such an
+implementation may hold the appends back to send several partitions' in one message; it then
+offers ``send_appends()``, which the store calls once it has pumped the appends of a loop step.
+It must still send what it holds by itself by the end of the loop step (the storage client
+schedules a loop callback): the store does not call it after every append.
 """
 
 from __future__ import annotations

@@ -106,11 +106,22 @@ class StreamPump:
     def _run(self) -> None:
         self._scheduled = False
         sessions, self._sessions = self._sessions, []
+        #: the clients that may hold appends for one message to their node (ReplicaApi.send_appends)
+        senders: dict[int, Callable[[], None]] = {}
         for session in sessions:
             try:
                 session.pump()
+                for replica in session.streamers:
+                    send = replica.send_appends
+                    if send is not None:
+                        senders[id(replica.api)] = send
             except Exception:  # one partition's bug must not leave the others' records unsent
                 log.exception("partition %d: sending its replicas their batches failed", session.partition_id)
+        for send in senders.values():
+            try:
+                send()
+            except Exception:  # one client's bug must not keep the other nodes' appends from them
+                log.exception("sending the appends of several partitions failed")
 
 
 class _ReplicaSession:
@@ -135,6 +146,8 @@ class _ReplicaSession:
         self._append_nowait: Callable[[int, int, RecordBatch, Callable[[WaltzError | None], None]], None] | None = (
             getattr(api, "append_nowait", None))
         self._sending = -1  #: last transaction id of the append outstanding while streaming; -1: none
+        #: sends the appends the client holds to send several partitions' in one message, if it does
+        self.send_appends: Callable[[], None] | None = getattr(api, "send_appends", None)
 
     @property
     def streaming(self) -> bool:

@@ -29,6 +29,7 @@ from ..errors import (
     ConnectionClosedError,
     ProtocolError,
     RequestTimeoutError,
+    StorageError,
     TransportError,
     WaltzError,
     error_from_wire,
@@ -48,6 +49,9 @@ ResponseCallback = Callable[[Any, WaltzError | None], None]
 #: Seconds a data-port request may take before the connection is declared dead (servers pass
 #: ``server.storage_request_timeout``).
 DEFAULT_REQUEST_TIMEOUT = 5.0
+#: Bytes of record batches one message of several partitions' appends carries at most (and at
+#: most half the transport's largest frame): the appends queued beyond it go in the next message.
+MANY_APPENDS_MAX_BYTES = 1024 * 1024
 #: Admin requests (exports, assignment changes) may be slower; an operator's tool must not hang.
 ADMIN_REQUEST_TIMEOUT = 60.0
 
@@ -91,6 +95,11 @@ class _Pipeline:
     @property
     def closed(self) -> bool:
         return self._error is not None
+
+    def error(self) -> WaltzError:
+        """A fresh copy of why the connection failed (only when :attr:`closed`)."""
+        assert self._error is not None
+        return type(self._error)(str(self._error))
 
     def next_seq(self) -> int:
         self._last_seq = seq = next(self._seq)
@@ -254,9 +263,17 @@ async def _open_channel(transport: Transport, address: str, family: Family, role
 class StorageClient:
     """Data-port client: the ten storage requests, pipelined. Use :meth:`connect`."""
 
-    def __init__(self, pipeline: _Pipeline, address: str) -> None:
+    def __init__(self, pipeline: _Pipeline, address: str, max_frame_size: int = 16 * 1024 * 1024) -> None:
         self._p = pipeline
         self.address = address
+        #: the node speaks storage protocol 4: appends of several partitions share a message
+        self._many = pipeline.channel.version >= 4
+        #: appends queued by append_nowait for the next message (session id, partition id, batch)
+        self._queued: list[tuple[int, int, RecordBatch]] = []
+        self._queued_done: list[Callable[[WaltzError | None], None]] = []
+        self._queued_bytes = 0
+        #: bytes of batches one message of several appends carries at most (a larger batch goes alone)
+        self._many_max_bytes = max(1, min(MANY_APPENDS_MAX_BYTES, max_frame_size // 2))
 
     @classmethod
     async def connect(cls, transport: Transport, address: str, cluster_key: uuid.UUID, num_partitions: int,
@@ -268,7 +285,8 @@ class StorageClient:
         why the connection failed (not called for :meth:`close`).
         """
         channel = await _open_channel(transport, address, STORAGE, role)
-        client = cls(_Pipeline(channel, (sm.FailureResponse,), request_timeout, on_failure), address)
+        client = cls(_Pipeline(channel, (sm.FailureResponse,), request_timeout, on_failure), address,
+                     getattr(transport, "max_frame_size", 16 * 1024 * 1024))
         try:
             await client._p.request(-1, sm.OpenRequest(-1, -1, -1, cluster_key, num_partitions))
         except BaseException:
@@ -321,11 +339,52 @@ class StorageClient:
 
         The replicated store streams with it (no task wake-up per batch); it keeps one append
         per partition outstanding, so nothing here waits for room. Raises, without calling
-        ``done``, when the connection has already failed."""
+        ``done``, when the connection has already failed.
+
+        With a node that speaks storage protocol 4 the appends go out together: queued, they
+        are sent as one ``StorageAppendManyRequest`` (a single append still goes alone) by
+        :meth:`send_appends`, which the caller calls once it has made the appends of a loop
+        step, and which runs after the callbacks of every answer (they append the next batches)
+        and, failing both, from a loop callback. So every partition's batch of a round shares
+        one message and one answer."""
+        p = self._p
+        if not self._many:
+            seq = p.next_seq()
+            p.send_nowait(seq, sm.encode_append(session_id, seq, partition_id, records),
+                          lambda _response, error: done(error))
+            return
+        if p.closed:
+            raise p.error()
+        if self._queued and self._queued_bytes + records.nbytes > self._many_max_bytes:
+            self.send_appends()  # a message stays within the limit unless one batch alone is larger
+        queued = self._queued
+        queued.append((session_id, partition_id, records))
+        self._queued_done.append(done)
+        self._queued_bytes += records.nbytes
+        if len(queued) == 1:
+            asyncio.get_running_loop().call_soon(self.send_appends)
+
+    def send_appends(self) -> None:
+        """Send the appends queued by :meth:`append_nowait`, all in one message (nothing if none)."""
+        queued, dones = self._queued, self._queued_done
+        if not queued:
+            return
+        self._queued, self._queued_done, self._queued_bytes = [], [], 0
         p = self._p
         seq = p.next_seq()
-        p.send_nowait(seq, sm.encode_append(session_id, seq, partition_id, records),
-                      lambda _response, error: done(error))
+        try:
+            if len(queued) == 1:
+                session_id, partition_id, records = queued[0]
+                frame = sm.encode_append(session_id, seq, partition_id, records)
+            else:
+                frame = sm.encode_append_many(seq, queued)
+            p.send_nowait(seq, frame, _QueuedAppends(dones, self.send_appends).answer)
+        except Exception as exc:  # every append must be answered, or its replica waits forever
+            if not isinstance(exc, WaltzError):
+                log.exception("storage client: sending %d appends failed", len(dones))
+            for done in dones:
+                _answer_append(done, type(exc)(str(exc)) if isinstance(exc, WaltzError) else StorageError(
+                    f"sending the append to {self.address} failed: {exc!r}"))
 
     async def record_header(self, session_id: int, partition_id: int, transaction_id: int) -> RecordHeader | None:
         seq = self._p.next_seq()
@@ -354,6 +413,38 @@ class StorageClient:
             raise ProtocolError(f"storage {self.address}: asked for records from {transaction_id}, got them from "
                                 f"{batch.first_transaction_id}")
         return batch
+
+
+class _QueuedAppends:
+    """The ``done`` callbacks of the appends sent in one message, answered from its answer: a
+    SuccessResponse (one append), an AppendManyResponse (each refused append gets its own
+    error) or the message's failure. Then ``send_next`` sends what the callbacks appended."""
+
+    __slots__ = ("dones", "send_next")
+
+    def __init__(self, dones: list[Callable[[WaltzError | None], None]], send_next: Callable[[], None]) -> None:
+        self.dones = dones
+        self.send_next = send_next
+
+    def answer(self, response: Any, error: WaltzError | None) -> None:
+        dones = self.dones
+        if error is not None:
+            for done in dones:
+                _answer_append(done, type(error)(str(error)))
+        else:
+            failures = getattr(response, "failures", ())
+            refused = {index: error_from_wire(code, message) for index, code, message in failures} if failures else {}
+            for index, done in enumerate(dones):
+                _answer_append(done, refused.get(index))
+        self.send_next()
+
+
+def _answer_append(done: Callable[[WaltzError | None], None], error: WaltzError | None) -> None:
+    # One partition's bug must not keep the others' acknowledgements from them (nor end the reader).
+    try:
+        done(error)
+    except Exception:
+        log.exception("storage client: a response callback failed (an append's)")
 
 
 class StorageAdminClient:

@@ -1126,21 +1126,33 @@ class StorageNode:
                     opened = True
                     send(sm.SuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
                     continue
-                try:
-                    if t not in served:
-                        raise ProtocolError(f"{t.__name__} is a response; a storage node serves requests")
-                    if not opened:
-                        raise StorageError("the connection is not open: send an OpenRequest with the cluster key first")
-                    worker = self._worker(msg.partition_id)
-                except WaltzError as exc:
-                    send(failure_for(msg, exc))
-                    continue
-                item = _Item(msg, send)
-                if not worker.queue.put_nowait(item):
-                    await worker.queue.put(item)  # waits while the queue is full: back pressure
-                worker.io.ring(worker)
+                if t not in served:
+                    send(failure_for(msg, ProtocolError(f"{t.__name__} is a response; a storage node serves requests")))
+                elif not opened:
+                    send(failure_for(msg, StorageError("the connection is not open: send an OpenRequest with the "
+                                                       "cluster key first")))
+                elif t is sm.StorageAppendManyRequest:
+                    # Each append as if it had come alone; one answer once every partition answered its own.
+                    reply = _ManyAnswer(send, msg.seq_num, len(msg.appends)).reply
+                    for part in msg.appends:
+                        await self._queue(part, reply)
+                else:
+                    await self._queue(msg, send)
         finally:
             await _drain_and_close(channel, outbox, writer)
+
+    async def _queue(self, request: Any, reply: Callable[[Any], None]) -> None:
+        """Queue ``request`` on its partition, whose round answers it through ``reply`` (at once
+        for a partition that does not exist)."""
+        try:
+            worker = self._worker(request.partition_id)
+        except WaltzError as exc:
+            reply(failure_for(request, exc))
+            return
+        item = _Item(request, reply)
+        if not worker.queue.put_nowait(item):
+            await worker.queue.put(item)  # waits while the queue is full: back pressure
+        worker.io.ring(worker)
 
     # ----------------------------------------------------------------------- admin port
     async def serve_admin(self, conn: Connection) -> None:
@@ -1214,10 +1226,35 @@ class StorageNode:
         raise ProtocolError(f"{t.__name__} is not a request the admin port serves")
 
 
+class _ManyAnswer:
+    """The answers of a StorageAppendManyRequest's appends, gathered on the loop: one
+    AppendManyResponse, listing the refused ones by index (their sequence number), once the last is in."""
+
+    __slots__ = ("send", "seq_num", "left", "failures")
+
+    def __init__(self, send: Callable[[Any], None], seq_num: int, count: int) -> None:
+        self.send = send
+        self.seq_num = seq_num
+        self.left = count
+        self.failures: list[tuple[int, int, str]] = []
+        if not count:
+            send(sm.AppendManyResponse(-1, seq_num, -1))
+
+    def reply(self, response: Any) -> None:
+        """One append's answer (a partition's reply sink)."""
+        if type(response) is not sm.SuccessResponse:
+            self.failures.append((response.seq_num, response.error_code, response.message))
+        self.left -= 1
+        if not self.left:
+            failures = tuple(sorted(self.failures)) if self.failures else ()
+            self.send(sm.AppendManyResponse(-1, self.seq_num, -1, failures))
+
+
 _READS = (sm.RecordRequest, sm.RecordHeaderRequest, sm.RecordListRequest, sm.RecordHeaderListRequest)
-#: the requests a data connection queues for a partition: the reads and every message with an offline flag
+#: the requests a data connection queues for partitions: the reads, every message with an offline
+#: flag, and the appends of several partitions
 _SERVED: Final = frozenset(_READS) | frozenset(
-    cls for cls in sm.MESSAGES if any(f.name == "offline" for f in attrs.fields(cls)))
+    cls for cls in sm.MESSAGES if any(f.name == "offline" for f in attrs.fields(cls))) | {sm.StorageAppendManyRequest}
 
 
 class _Outbox:
