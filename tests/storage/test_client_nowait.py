@@ -201,3 +201,31 @@ async def test_a_message_of_several_appends_stays_within_its_size(node: NodeHarn
     assert await asyncio.gather(*answers) == [None] * 4
     assert sent == ["StorageAppendManyRequest", "StorageAppendManyRequest"]
     assert [await client.max_transaction_id(1, p) for p in (0, 1)] == [79, 79]
+
+
+def test_an_answer_to_several_appends_is_checked_and_shared_out() -> None:
+    """Each refused append gets its own error, the others None; a node that answers several
+    appends with anything but an AppendManyResponse fails every one of them (a ProtocolError),
+    never acknowledges them. Either way the client then sends what the callbacks appended."""
+    from waltz_core.errors import ProtocolError
+    from waltz_core.protocol import storage as sm
+    from waltz_core.storage.client import _QueuedAppends
+
+    class Client:
+        address = "storage-1:7000"
+        sent = 0
+
+        def send_appends(self) -> None:
+            self.sent += 1
+
+    client = Client()
+    got: list[WaltzError | None] = []
+    answer = _QueuedAppends(client, [got.append] * 3).answer  # type: ignore[arg-type]
+    answer(sm.AppendManyResponse(-1, 1, -1, ((1, StaleSessionError.code, "fenced"),)), None)
+    assert got[0] is None and got[2] is None
+    assert type(got[1]) is StaleSessionError and str(got[1]) == "fenced"
+    got.clear()
+    _QueuedAppends(client, [got.append] * 2).answer(sm.SuccessResponse(-1, 2, -1), None)  # type: ignore[arg-type]
+    assert [type(e) for e in got] == [ProtocolError, ProtocolError]
+    assert "storage-1:7000 answered 2 appends with a SuccessResponse" in str(got[0])
+    assert client.sent == 2

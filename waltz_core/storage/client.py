@@ -378,7 +378,7 @@ class StorageClient:
                 frame = sm.encode_append(session_id, seq, partition_id, records)
             else:
                 frame = sm.encode_append_many(seq, queued)
-            p.send_nowait(seq, frame, _QueuedAppends(dones, self.send_appends).answer)
+            p.send_nowait(seq, frame, _QueuedAppends(self, dones).answer)
         except Exception as exc:  # every append must be answered, or its replica waits forever
             if not isinstance(exc, WaltzError):
                 log.exception("storage client: sending %d appends failed", len(dones))
@@ -418,16 +418,19 @@ class StorageClient:
 class _QueuedAppends:
     """The ``done`` callbacks of the appends sent in one message, answered from its answer: a
     SuccessResponse (one append), an AppendManyResponse (each refused append gets its own
-    error) or the message's failure. Then ``send_next`` sends what the callbacks appended."""
+    error) or the message's failure. Then the client sends what the callbacks appended."""
 
-    __slots__ = ("dones", "send_next")
+    __slots__ = ("client", "dones")
 
-    def __init__(self, dones: list[Callable[[WaltzError | None], None]], send_next: Callable[[], None]) -> None:
+    def __init__(self, client: StorageClient, dones: list[Callable[[WaltzError | None], None]]) -> None:
+        self.client = client
         self.dones = dones
-        self.send_next = send_next
 
     def answer(self, response: Any, error: WaltzError | None) -> None:
         dones = self.dones
+        if error is None and len(dones) > 1 and type(response) is not sm.AppendManyResponse:
+            error = ProtocolError(f"storage {self.client.address} answered {len(dones)} appends with a "
+                                  f"{type(response).__name__}")
         if error is not None:
             for done in dones:
                 _answer_append(done, type(error)(str(error)))
@@ -436,7 +439,7 @@ class _QueuedAppends:
             refused = {index: error_from_wire(code, message) for index, code, message in failures} if failures else {}
             for index, done in enumerate(dones):
                 _answer_append(done, refused.get(index))
-        self.send_next()
+        self.client.send_appends()
 
 
 def _answer_append(done: Callable[[WaltzError | None], None], error: WaltzError | None) -> None:
