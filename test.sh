@@ -16,6 +16,9 @@ if [ $# -eq 0 ]; then
   lint_rc=$?
   .venv/bin/tox -e spark -q
   spark_rc=$?
+  # tox-uv builds PySpark from its sdist when it creates the env, and uv may keep each build as a
+  # new cache revision (about 1.4 GB each, a fresh clone made 2-3): drop the stale ones.
+  [ -x .venv/bin/uv ] && .venv/bin/uv cache prune -q
   set -e
 fi
 set +e
