@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Inbox(Generic[T]):
-    __slots__ = ("_items", "limit", "_ready", "_space")
+    __slots__ = ("_items", "limit", "_ready", "_space", "_armed")
 
     def __init__(self, limit: int) -> None:
         self._items: deque[T] = deque()
         self.limit = max(1, limit)
         self._ready: asyncio.Future[None] | None = None  #: the consumer waits here while empty
         self._space: asyncio.Future[None] | None = None  #: producers wait here while full (shared)
+        self._armed: Callable[[], None] | None = None  #: called by the next put or nudge (see arm)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -36,6 +38,10 @@ class Inbox(Generic[T]):
             self._ready = None
             if not ready.done():
                 ready.set_result(None)
+        armed = self._armed
+        if armed is not None:
+            self._armed = None
+            armed()
         if len(items) < self.limit:
             return None
         if self._space is None or self._space.done():
@@ -50,13 +56,26 @@ class Inbox(Generic[T]):
             self._ready = ready = asyncio.get_running_loop().create_future()
             await ready
 
+    def arm(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, at the next put or nudge (instead of a task waiting in
+        :meth:`wait`). It runs inside that call, so it only takes note: e.g. queues the inbox
+        for a consumer that serves several."""
+        self._armed = callback
+
+    def disarm(self) -> None:
+        self._armed = None
+
     def nudge(self) -> None:
-        """Wake a consumer waiting in :meth:`wait` although nothing was queued."""
+        """Wake a consumer waiting in :meth:`wait` (or call the armed callback) although nothing was queued."""
         ready = self._ready
         if ready is not None:
             self._ready = None
             if not ready.done():
                 ready.set_result(None)
+        armed = self._armed
+        if armed is not None:
+            self._armed = None
+            armed()
 
     def popleft(self) -> T:
         """The oldest item (IndexError when empty)."""

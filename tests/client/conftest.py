@@ -48,6 +48,14 @@ class CounterApp(WaltzClientCallbacks):
     def apply_transaction(self, txn) -> None:
         self._apply(txn, txn.get_data(JSON))
 
+    def _apply_id(self, txn) -> None:
+        """Apply without reading the data (what a plain-function apply of the async client can do)."""
+        if (txn.partition_id, txn.transaction_id) in self.fail_on:
+            self.fail_on.discard((txn.partition_id, txn.transaction_id))
+            raise RuntimeError("injected apply failure")
+        self.hwm[txn.partition_id] = txn.transaction_id
+        self.applied.setdefault(txn.partition_id, []).append(txn.transaction_id)
+
     def uncaught_exception(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
         self.uncaught.append((partition_id, transaction_id))
 

@@ -1,4 +1,4 @@
-"""The applier: one task per partition handing the feed to the application, in order.
+"""The applier: the feed of every partition handed to the application, in order per partition.
 
 ``apply_transaction`` runs strictly in transaction-id order per partition, without gaps: records
 other than client high-water mark + 1 (delivered again after a re-mount) are skipped. For an own
@@ -12,19 +12,29 @@ partition is mounted again from the client high-water mark after a backoff, so t
 is delivered again.
 
 One apply loop serves both clients. :meth:`Applier._apply` is a generator over one batch of feed
-records that yields only when application code returned an awaitable. The async client drives
-it on the loop (:meth:`Applier._apply_async`: the awaitable is awaited and its outcome sent back
-in); the sync client drives it on the partition's consumer thread through the dispatcher
-(:meth:`Applier._apply_threaded`: an awaitable there is an ``async def`` callback given to the
-blocking client, an error). A batch costs one generator; a transaction costs nothing extra when
-the callbacks are plain functions.
+records that yields only when application code returned an awaitable. A batch costs one
+generator; a transaction costs nothing extra when the callbacks are plain functions.
+
+* The async client applies every partition from **one task** (:meth:`Applier._pump`): a
+  partition whose feed queue gets records is queued for it (:meth:`Inbox.arm
+  <waltz_core.inbox.Inbox.arm>`), and the task applies a batch of each queued partition in turn.
+  A task per partition cost a future and a task wake-up per partition and commit, the largest
+  item of a client with many partitions (docs/performance.md). A partition whose application
+  code returned an awaitable, or whose apply failed, goes on in a task of its own
+  (``p.consumer``: the awaitable is awaited and its outcome sent back in; a failure waits out its
+  backoff) and comes back to the shared task when that is done, so it never holds up the others.
+* The sync client drives :meth:`_apply` on the partition's consumer thread through the
+  dispatcher (:meth:`Applier._apply_threaded`: an awaitable there is an ``async def`` callback
+  given to the blocking client, an error), from a task per partition (:meth:`Applier._consume`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +50,8 @@ if TYPE_CHECKING:
     from .sender import Sender
 
 log = logging.getLogger("waltz.client")
+
+_INACTIVE = SessionState.INACTIVE
 
 APPLY_BATCH = 256  #: feed records handed to the application per consumer wake-up
 
@@ -65,32 +77,125 @@ class Applier:
         self._sender = sender
         self._remount = remount
         self._source = source  #: where Transaction.fetch_data gets the data
+        #: the async client's partitions with records to apply, in the order they got them
+        self._ready: deque[Partition] = deque()
+        self._wakeup: asyncio.Future[None] | None = None  #: the shared task waits here while none is ready
+        self._pump_task: asyncio.Task[None] | None = None
 
     def start(self, p: Partition) -> None:
-        """Start the partition's apply task (stored in ``p.consumer``)."""
+        """Start applying the partition's feed."""
+        ctx = self._ctx
+        if ctx.dispatcher.threaded:
+            loop = ctx.loop
+            assert loop is not None
+            p.consumer = loop.create_task(self._consume(p), name=f"waltz-client-apply-p{p.id}")
+            return
+        if self._pump_task is None:
+            self._pump_task = ctx.spawn(self._pump(), name=f"waltz-client-{ctx.client_id}-apply")
+        p.feed.arm(functools.partial(self._ready_to_apply, p))
+
+    # ------------------------------------------------------------- the async client: one task
+
+    def _ready_to_apply(self, p: Partition) -> None:
+        """A put into the partition's armed feed queue (called by the stream reader)."""
+        self._ready.append(p)
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            if not wakeup.done():
+                wakeup.set_result(None)
+
+    async def _pump(self) -> None:
+        ready = self._ready
         loop = self._ctx.loop
         assert loop is not None
-        p.consumer = loop.create_task(self._consume(p), name=f"waltz-client-apply-p{p.id}")
+        while True:
+            if not ready:
+                self._wakeup = wakeup = loop.create_future()
+                await wakeup
+            else:
+                await asyncio.sleep(0)  # a pass left partitions with more: let the loop read in between
+            for _ in range(len(ready)):  # those queued now; a partition with more goes to the back
+                p = ready.popleft()
+                try:
+                    self._apply_next(p)
+                except Exception:  # a bug: this partition stops, the others go on
+                    log.exception("client %d: applying partition %d failed", self._ctx.client_id, p.id)
+
+    def _apply_next(self, p: Partition) -> None:
+        """Apply one batch of the partition's feed queue, on the shared task if the application
+        code returns no awaitable; then queue the partition again or arm its feed queue."""
+        if p.state is _INACTIVE or p.consumer is not None:
+            return  # deactivated, or going on in its own task (which queues it again when done)
+        feed = p.feed
+        if not feed:
+            feed.arm(functools.partial(self._ready_to_apply, p))
+            return
+        run = self._apply(p, feed.take(APPLY_BATCH))
+        try:
+            pending = next(run)
+        except StopIteration as stop:
+            failure: BaseException | None = stop.value
+        else:
+            loop = self._ctx.loop
+            assert loop is not None
+            p.consumer = loop.create_task(self._apply_rest(p, run, pending), name=f"waltz-client-apply-p{p.id}")
+            return
+        if self._batch_done(p, failure):
+            self._after_batch(p)
+        else:
+            loop = self._ctx.loop
+            assert loop is not None
+            p.consumer = loop.create_task(self._recover(p), name=f"waltz-client-apply-p{p.id}")
+
+    def _after_batch(self, p: Partition) -> None:
+        """Queue the partition for the shared task again if its feed queue has more, else arm it."""
+        if p.feed:
+            self._ready_to_apply(p)  # from the shared task: its current pass leaves p for the next
+        else:
+            p.feed.arm(functools.partial(self._ready_to_apply, p))
+
+    async def _apply_rest(self, p: Partition, run: _Batch, pending: Awaitable[Any]) -> None:
+        """The rest of a batch whose application code returned an awaitable, in the partition's own task."""
+        try:
+            failure = await self._drive(run, pending)
+            if not self._batch_done(p, failure):
+                await self._after_failure(p)
+        finally:
+            p.consumer = None
+        if p.state is not _INACTIVE:
+            self._after_batch(p)
+
+    async def _recover(self, p: Partition) -> None:
+        """A failed apply: the backoff and the re-mount, in the partition's own task."""
+        try:
+            await self._after_failure(p)
+        finally:
+            p.consumer = None
+        if p.state is not _INACTIVE:
+            self._after_batch(p)
+
+    def _batch_done(self, p: Partition, failure: BaseException | None) -> bool:
+        """What follows each batch; False if the apply failed (the caller recovers)."""
+        if p.lock_waits:
+            self._sender.release_lock_waits(p)
+        self._ctx.ping()
+        if failure is not None:
+            return False
+        p.session.apply_succeeded()
+        return True
+
+    # -------------------------------------------------------------- the sync client: per partition
 
     async def _consume(self, p: Partition) -> None:
-        ctx = self._ctx
-        dispatcher = ctx.dispatcher
+        dispatcher = self._ctx.dispatcher
         feed = p.feed
         while True:
             if not feed:
                 await feed.wait()
-            batch = feed.take(APPLY_BATCH)
-            if dispatcher.threaded:
-                failure = await dispatcher.call(p.id, self._apply_threaded, p, batch)
-            else:
-                failure = await self._apply_async(p, batch)
-            if p.lock_waits:
-                self._sender.release_lock_waits(p)
-            ctx.ping()
-            if failure is not None:
+            failure = await dispatcher.call(p.id, self._apply_threaded, p, feed.take(APPLY_BATCH))
+            if not self._batch_done(p, failure):
                 await self._after_failure(p)
-            else:
-                p.session.apply_succeeded()
 
     # ------------------------------------------------------------------------ the apply loop
 
@@ -144,11 +249,10 @@ class Applier:
                         yield from _logged(pending, context.on_application)
         return None
 
-    async def _apply_async(self, p: Partition, batch: list[FeedItem]) -> BaseException | None:
-        """Drive :meth:`_apply` on the loop: awaitables are awaited, their outcome sent back in."""
-        run = self._apply(p, batch)
+    @staticmethod
+    async def _drive(run: _Batch, pending: Awaitable[Any]) -> BaseException | None:
+        """Drive :meth:`_apply` on the loop from its first awaitable: each is awaited, its outcome sent back in."""
         try:
-            pending = next(run)
             while True:
                 try:
                     result = await pending

@@ -11,13 +11,13 @@ its own (the ``Client`` section of docs/design.md draws who calls whom):
   sessions (the feed's fast path);
 * :mod:`.sender` - the one submit path (slot, build, send) and re-executions of failed and
   lock-failed appends;
-* :mod:`.applier` - one apply task per partition, for the async and the sync client alike;
+* :mod:`.applier` - the apply loop, in order per partition, for the async and the sync client alike;
 * :mod:`.rpc` and :mod:`.readahead` - high-water marks and transaction data by RPC;
 * :mod:`.context` - what the parts share; :mod:`.dispatch` - where application code runs.
 
 Per partition the client keeps the client high-water mark (last transaction applied by the
 application), the owner (server endpoint, generation), its pending appends, lock waits, the
-in-flight count (back pressure) and a feed queue consumed by one apply task, so
+in-flight count (back pressure) and a feed queue the applier drains in order, so
 ``apply_transaction`` runs strictly in transaction-id order per partition.
 
 Fate of an append: decided from the stream only (see :mod:`waltz_core.protocol.session`). A

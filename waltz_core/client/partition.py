@@ -3,7 +3,7 @@
 The session (pure) holds the protocol state: mount state, generation, client high-water mark,
 what the feed delivered, pending appends and flushes. :class:`Partition` adds what lives on the
 event loop: the server link, the ``ready`` event submitters wait on, in-flight slots (back
-pressure), lock-failed appends waiting for their conflict, the feed queue the apply task drains,
+pressure), lock-failed appends waiting for their conflict, the feed queue the applier drains,
 and own transactions seen committed but not applied yet.
 
 The state comes from the session only. Every event that can change it goes through a method of
@@ -95,6 +95,7 @@ class Partition:
         #: set True when a released slot passes to it, False to make it re-check the partition
         self.slot_waiters: deque[asyncio.Future[bool]] = deque()
         self.feed: Inbox[FeedItem] = Inbox(FEED_QUEUE)  #: received, not yet applied; the stream reader waits when full
+        #: the sync client's apply task; the async client's while this partition applies apart (applier.py)
         self.consumer: asyncio.Task[None] | None = None
         #: own transactions seen committed and not yet applied: transaction id -> context
         self.own: dict[int, TransactionContext] = {}
