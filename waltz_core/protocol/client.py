@@ -273,8 +273,9 @@ def _first_record_request(batch: FeedDataBatch, _attribute: Any, records: tuple[
 
 @attrs.frozen(slots=True)
 class FeedDataBatch:
-    """Version 3: the feed records of consecutive transactions in one frame (a commit of many
-    transactions is one frame and one read for the client, not one per transaction).
+    """Version 3: feed records in one frame (a commit of many transactions, or the commits of many
+    partitions, is one frame and one read for the client, not one per transaction). Each record
+    names its own partition; a partition's records are in transaction order.
 
     ``req_id`` is the first record's (every message of the family starts with one). After it
     come the ``int`` count and each record as a whole FeedData payload, so the server joins the

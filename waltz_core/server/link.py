@@ -4,7 +4,8 @@ Partitions never await a client's socket on their own paths: they *post* message
 writer task per connection sends everything posted since its last write in a single
 ``send_many`` (one syscall for many feed records, across partitions). Feed tasks await
 :meth:`ClientLink.wait_writable` so a slow client slows only its own feeds. On a link that
-negotiated client protocol 3, the feed records posted together go in one FeedDataBatch frame.
+negotiated client protocol 3, the feed records posted between two writes, of every partition, go
+in FeedDataBatch frames (each record names its partition).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _ids = itertools.count(1)
 
 class ClientLink:
     __slots__ = ("channel", "id", "_encode", "_buffer", "_queued", "_feed_batches", "_wakeup", "_writable", "_high",
-                 "_low", "_writer", "_closed", "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable")
+                 "_low", "_writer", "_closed", "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable", "_feed")
 
     def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024,
                  inbound_high_water: int = 600, inbound_low_water: int = 300) -> None:
@@ -33,6 +34,8 @@ class ClientLink:
         self.id = next(_ids)
         self._encode = channel.family.encode
         self._buffer: list[bytes] = []
+        #: FeedData payloads posted since the last write, of any partitions: one FeedDataBatch run at the write
+        self._feed: list[bytes] = []
         #: messages in _buffer, each feed record of a batch counted (the high-water mark counts messages)
         self._queued = 0
         #: the client reads FeedDataBatch: feed records posted together go in one frame
@@ -65,6 +68,8 @@ class ClientLink:
         """Queue one message for sending (never blocks)."""
         if self._closed:
             return
+        if self._feed:
+            self._flush_feed()
         self._buffer.append(self._encode(msg))
         self._queued += 1
         self._after_post()
@@ -72,6 +77,8 @@ class ClientLink:
     def post_many(self, msgs: Iterable[Any]) -> None:
         if self._closed:
             return
+        if self._feed:
+            self._flush_feed()
         enc = self._encode
         buffer = self._buffer
         before = len(buffer)
@@ -80,13 +87,24 @@ class ClientLink:
         self._after_post()
 
     def post_frames(self, frames: list[bytes]) -> None:
-        """Queue FeedData payloads (feeds share one encoding of each commit across clients): in
-        FeedDataBatch frames when the client reads them."""
+        """Queue FeedData payloads (feeds share one encoding of each commit across clients). To a
+        client that reads FeedDataBatch they go at the next write, joined with the records of
+        every other partition posted meanwhile: a commit of one transaction in each of 64
+        partitions is 2 frames, not 64."""
         if self._closed or not frames:
             return
-        self._buffer.extend(encode_feed_batches(frames) if self._feed_batches else frames)
+        if self._feed_batches:
+            self._feed += frames
+        else:
+            self._buffer.extend(frames)
         self._queued += len(frames)
         self._after_post()
+
+    def _flush_feed(self) -> None:
+        """The feed records posted since the last write or message, as FeedDataBatch frames:
+        before any other message (which must not overtake them) and at the write."""
+        feed, self._feed = self._feed, []
+        self._buffer.extend(encode_feed_batches(feed))
 
     def _after_post(self) -> None:
         self._wakeup.set()
@@ -127,7 +145,9 @@ class ClientLink:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                while self._buffer:
+                while self._buffer or self._feed:
+                    if self._feed:
+                        self._flush_feed()
                     frames, self._buffer = self._buffer, []
                     self._queued = 0
                     if len(self._buffer) < self._low:
