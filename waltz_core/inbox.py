@@ -62,9 +62,6 @@ class Inbox(Generic[T]):
         for a consumer that serves several."""
         self._armed = callback
 
-    def disarm(self) -> None:
-        self._armed = None
-
     def nudge(self) -> None:
         """Wake a consumer waiting in :meth:`wait` (or call the armed callback) although nothing was queued."""
         ready = self._ready
