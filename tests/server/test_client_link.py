@@ -25,12 +25,13 @@ class RecordingConnection:
 
     writes: list[list[bytes]] = attrs.Factory(list)
     peer: str = "test-client"
+    closed: bool = False
 
     async def send_many(self, frames: Sequence[bytes]) -> None:
         self.writes.append(list(frames))
 
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def feed(partition: int, transaction_id: int) -> bytes:

@@ -34,11 +34,12 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections import deque
+import sys
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClientError
+from ..inbox import Inbox
 from ..protocol.session import SessionState
 from .api import Transaction
 from .dispatch import call_logged, is_awaitable, name_of
@@ -77,9 +78,9 @@ class Applier:
         self._sender = sender
         self._remount = remount
         self._source = source  #: where Transaction.fetch_data gets the data
-        #: the async client's partitions with records to apply, in the order they got them
-        self._ready: deque[Partition] = deque()
-        self._wakeup: asyncio.Future[None] | None = None  #: the shared task waits here while none is ready
+        #: the async client's partitions with records to apply, in the order they got them (each
+        #: at most once: the queue never fills)
+        self._ready: Inbox[Partition] = Inbox(sys.maxsize)
         self._pump_task: asyncio.Task[None] | None = None
 
     def start(self, p: Partition) -> None:
@@ -98,23 +99,15 @@ class Applier:
 
     def _ready_to_apply(self, p: Partition) -> None:
         """A put into the partition's armed feed queue (called by the stream reader)."""
-        self._ready.append(p)
-        wakeup = self._wakeup
-        if wakeup is not None:
-            self._wakeup = None
-            if not wakeup.done():
-                wakeup.set_result(None)
+        self._ready.put(p)
 
     async def _pump(self) -> None:
         ready = self._ready
-        loop = self._ctx.loop
-        assert loop is not None
         while True:
-            if not ready:
-                self._wakeup = wakeup = loop.create_future()
-                await wakeup
-            else:
+            if ready:
                 await asyncio.sleep(0)  # a pass left partitions with more: let the loop read in between
+            else:
+                await ready.wait()
             for _ in range(len(ready)):  # those queued now; a partition with more goes to the back
                 p = ready.popleft()
                 try:
