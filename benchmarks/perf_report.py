@@ -15,6 +15,10 @@ Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
 * 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
 * 64 partitions with 1 in flight each, 256 with 1 each;
 * consumer: feed only and feed + data over ``--populate`` transactions.
+
+The machine's speed is measured before and after (``waltz_core.perf.machine``: a Python mix, a
+process wake-up round trip, fdatasyncs/s in the temp directory the clusters use) and printed
+first: absolute figures of two reports compare only if those do.
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
+from waltz_core.errors import WaltzError
 from waltz_core.eventloop import event_loop_from_env, loop_name, run
 from waltz_core.perf.cluster import local_cluster
 from waltz_core.perf.driver import ProduceOptions, ProduceResult, consume, produce
+from waltz_core.perf.machine import MachineSpeed
+from waltz_core.perf.machine import measure as measure_machine
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_etcd  # the sibling benchmark script (E402 allows imports after sys.path edits)
@@ -216,6 +224,8 @@ def _markdown(report: dict[str, Any]) -> str:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_before = os.getloadavg()
+    print("machine speed", file=sys.stderr)
+    machine_before = measure_machine(tempfile.gettempdir())
     print("side by side: Waltz, etcd, ZooKeeper", file=sys.stderr)
     comparison = await compare_etcd.main(argparse.Namespace(rounds=args.rounds, duration=args.duration,
                                                             warmup=args.warmup, concurrency=64, record_size=256,
@@ -224,9 +234,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     produce_rows = await _produce_shapes(args)
     print("consumer", file=sys.stderr)
     consume_rows = await _consume_shapes(args)
+    machine_after = measure_machine(tempfile.gettempdir())
     return {"started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
             "event_loop": loop_name(),
+            "machine_before": machine_before.to_json(), "machine_after": machine_after.to_json(),
             "comparison": comparison, "produce": produce_rows, "consume": consume_rows}
 
 
@@ -245,13 +257,18 @@ def cli() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
     args = parser.parse_args()
     logging.getLogger("waltz.client").addFilter(lambda record: "not encrypted" not in record.getMessage())
-    report = run(main(args), event_loop_from_env())  # the loop of the nodes too (WALTZ_PROCESS_EVENT_LOOP)
+    try:
+        report = run(main(args), event_loop_from_env())  # the loop of the nodes too (WALTZ_PROCESS_EVENT_LOOP)
+    except WaltzError as exc:  # e.g. a shape that committed nothing: no report of zeros
+        sys.exit(f"perf_report: {exc}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(f"Run {report['started']} - {report['finished']}, {report['cores']} cores, load average "
           f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after, event loop "
           f"{report['event_loop']}\n")
+    print(f"Machine before: {MachineSpeed(**report['machine_before']).summary()}\n")
+    print(f"Machine after: {MachineSpeed(**report['machine_after']).summary()}\n")
     print(_markdown(report))
 
 

@@ -1,0 +1,42 @@
+"""benchmarks/perf_report.py, the source of docs/performance.md's figures, runs end to end at a tiny size
+against real etcd and ZooKeeper (the figures themselves are measured by hand, on a quiet machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from waltz_core.testing import require
+from waltz_core.testing.servers import etcd_available, zookeeper_available
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(290)
+def test_the_report_runs_and_prints_every_table(tmp_path: Path) -> None:
+    require(etcd_available(), "etcd (Debian package etcd-server)")
+    require(zookeeper_available(), "ZooKeeper (Debian package zookeeper)")
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_report.py"), "--rounds", "1", "--duration",
+                           "0.5", "--warmup", "4", "--repeat", "1", "--populate", "500", "--json", str(out)],
+                          capture_output=True, text=True, timeout=270, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for when in ("machine_before", "machine_after"):
+        speed = report[when]
+        assert speed["python_ns_per_op"] > 0 and speed["wakeup_round_trip_us"] > 0 and speed["fdatasync_per_s"] > 0
+    assert report["comparison"]["peers"] == ["etcd", "zookeeper"]
+    assert all(report["comparison"]["median"][s]["ops_per_s"] > 0 for s in ("waltz", "etcd", "zookeeper"))
+    assert len(report["produce"]) == 7 and all(row["txn_per_s"] > 0 for row in report["produce"])
+    assert [c["mode"] for c in report["consume"]] == ["feed", "feed+data"]
+    text = proc.stdout
+    assert text.count("Machine before: ") == 1 and text.count("Machine after: ") == 1
+    for heading in ("### Waltz vs etcd vs ZooKeeper", "### `waltz perf produce`", "### Against the targets",
+                    "### `waltz perf consume`"):
+        assert heading in text
+    assert "4 partitions x 16 / 1 partition x 64" in text and "Waltz / etcd" in text
