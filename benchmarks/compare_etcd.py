@@ -39,6 +39,7 @@ from typing import Any
 
 import compare_zookeeper  # the sibling script (on sys.path: this script's directory, or perf_report's insert)
 
+from waltz_core.errors import WaltzError
 from waltz_core.eventloop import event_loop_from_env, run
 from waltz_core.perf.cluster import local_cluster
 from waltz_core.perf.cpu import CpuSample
@@ -261,7 +262,10 @@ def cli(peers: list[str] | None = None, description: str | None = None) -> None:
     import logging
 
     logging.getLogger("waltz.client").addFilter(lambda record: "not encrypted" not in record.getMessage())
-    out = run(main(args), event_loop_from_env())  # the loop of the Waltz nodes too (WALTZ_PROCESS_EVENT_LOOP)
+    try:
+        out = run(main(args), event_loop_from_env())  # the loop of the Waltz nodes too (WALTZ_PROCESS_EVENT_LOOP)
+    except WaltzError as exc:  # e.g. a Waltz round that committed nothing: no figures of zeros
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {exc}")
     if args.json:
         print(json.dumps(out))
         return

@@ -37,6 +37,7 @@ from waltz_core.app.up import wait_served
 from waltz_core.client import AsyncWaltzClient, TransactionBuilder, TransactionContext
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.recipes import read_assignment
+from waltz_core.errors import WaltzError
 from waltz_core.perf.driver import ProduceOptions, produce, start_client
 
 MIB = 1024 * 1024
@@ -213,7 +214,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    figures = asyncio.run(main(arguments))
+    try:
+        figures = asyncio.run(main(arguments))
+    except WaltzError as exc:  # e.g. a shape that committed nothing: no figures of zeros
+        sys.exit(f"scale.py: {exc}")
     print(markdown(figures))
     if arguments.json:
         arguments.json.write_text(json.dumps(figures, indent=2))

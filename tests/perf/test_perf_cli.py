@@ -119,3 +119,13 @@ def test_sigterm_stops_the_local_cluster() -> None:
         if perf.poll() is None:
             perf.kill()
             perf.communicate()
+
+
+def test_a_run_that_commits_nothing_in_its_window_fails_with_the_reason() -> None:
+    # One Poisson arrival per 1000 s on average; with seed 1 the first is 144 s away: the window is empty.
+    proc = subprocess.run([sys.executable, "-m", "waltz_core.cli", "perf", "produce", "--local", "--duration", "0.5",
+                           "--warmup", "0", "--rate", "0.001", "--seed", "1"], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no transaction committed in the 0.5" in proc.stderr and "a longer warm-up" in proc.stderr
+    assert "transactions/s" not in proc.stdout  # no report of zeros
+    assert "Traceback" not in proc.stderr

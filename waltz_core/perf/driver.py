@@ -62,6 +62,11 @@ class ProduceOptions:
     drain_timeout: float = 30.0
 
 
+class NothingMeasuredError(WaltzError):
+    """No transaction committed in a producer run's measured window: every figure would be a zero
+    that means nothing (the cluster not taking writes yet, or a window too short for it)."""
+
+
 @attrs.define
 class ProduceResult:
     """Figures of one producer run (the measured window only, warm-up excluded)."""
@@ -320,6 +325,11 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
         after = await asyncio.to_thread(scrape_storages, metrics_urls)
         if before is not None and after is not None:
             run.result.storage = after - before
+        if not run.result.committed:
+            raise NothingMeasuredError(
+                f"no transaction committed in the {run.result.elapsed:.2f} s measured after a warm-up of "
+                f"{options.warmup:g} s ({run.result.failed} failed or expired, {run.done} committed in the warm-up): "
+                "the partitions may not be taking writes yet (a longer warm-up) or at all (the cluster's logs)")
         run.stopping = True
         for t in tasks:
             t.cancel()
