@@ -279,3 +279,7 @@ def test_lock_request_from_append_request() -> None:
     assert request == LockRequest((1, 2), (3,), (4,))
     assert request.write_locks is append.write_locks  # no copy on the hot path
     assert not request.is_empty and LockRequest().is_empty
+    assert type(request) is LockRequest and hash(request) == hash(LockRequest((1, 2), (3,), (4,)))
+    # An append built in process with lists (not decoded from the wire) still gets tuples.
+    listed = LockRequest.from_append(attrs.evolve(append, write_locks=[1, 2], read_locks=[3], append_locks=[4]))
+    assert listed == request and type(listed.write_locks) is tuple

@@ -85,3 +85,24 @@ def test_bad_types_are_refused() -> None:
         PartitionLocalLock(None, 1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         PartitionLocalLock("a", 1.5)  # type: ignore[arg-type]
+
+
+def test_the_hash_is_made_once_and_is_not_part_of_the_value() -> None:
+    import copy
+    import pickle
+
+    import attrs
+
+    lock = PartitionLocalLock("account", 7)
+    assert lock.lock_hash == lock_hash("account", 7)
+    # The cached hash is not a field of the value: equality, hashing and repr are name and id.
+    assert lock == PartitionLocalLock("account", 7) and hash(lock) == hash(PartitionLocalLock("account", 7))
+    assert repr(lock) == "PartitionLocalLock(name='account', id=7)"
+    # Copies carry the hash of their own name and id.
+    assert attrs.evolve(lock, id=8).lock_hash == lock_hash("account", 8)
+    assert pickle.loads(pickle.dumps(lock)).lock_hash == lock.lock_hash
+    assert copy.copy(lock).lock_hash == lock.lock_hash
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        lock._lock_hash = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        PartitionLocalLock("a", True)  # a bool is not a lock id

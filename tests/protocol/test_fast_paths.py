@@ -1,5 +1,5 @@
 """The hot-path codecs agree with the general ones: ``encode_append`` (client, no message object),
-the lock-free ``AppendRequest`` decode (server), ``unpack_feed_data`` (client stream reader), and
+the ``AppendRequest`` decode without locks or with one write lock (server), ``unpack_feed_data`` (client stream reader), and
 the storage family's ``encode_append`` and ``success_response`` (server and storage node)."""
 
 from __future__ import annotations
@@ -33,6 +33,22 @@ def test_lock_free_append_fast_path_equals_the_checked_decoder(q: Any, hwm: int,
     raw = m.encode(msg)
     assert m.decode(raw) == msg == m._dec_append_checked(Reader(raw, 1, "AppendRequest"))
     assert m.decode(memoryview(raw)) == msg  # frames may arrive as memoryviews
+
+
+@given(req_ids, i64, i32, i32, data)
+def test_one_write_lock_append_fast_path_equals_the_checked_decoder(q: Any, hwm: int, lock: int, header: int,
+                                                                    payload: bytes) -> None:
+    from waltz_core.protocol.wire import crc32
+
+    msg = m.AppendRequest(q, hwm, (lock,), (), (), header, payload, crc32(payload))
+    raw = m.encode(msg)
+    assert m.decode(raw) == msg == m._dec_append_checked(Reader(raw, 1, "AppendRequest"))
+    assert m.decode(memoryview(raw)) == msg
+    # One write lock with read or append locks too takes the general path, with the same result.
+    for other in (m.AppendRequest(q, hwm, (lock,), (lock,), (), header, payload, crc32(payload)),
+                  m.AppendRequest(q, hwm, (lock,), (), (lock, 1), header, payload, crc32(payload))):
+        raw = m.encode(other)
+        assert m.decode(raw) == other == m._dec_append_checked(Reader(raw, 1, "AppendRequest"))
 
 
 @given(messages_of(m))

@@ -73,12 +73,25 @@ class LockRequest:
     @classmethod
     def from_append(cls, request: AppendRequest) -> LockRequest:
         """The lock request of a decoded ``AppendRequest``."""
-        return cls(request.write_locks, request.read_locks, request.append_locks)
+        w, r, a = request.write_locks, request.read_locks, request.append_locks
+        if cls is LockRequest and type(w) is tuple and type(r) is tuple and type(a) is tuple:
+            # Decoded appends carry tuples already: through the slot descriptors, without the
+            # converters (one per locked append on the server's append path).
+            lock_request: LockRequest = _new_object(LockRequest)
+            _set_write_locks(lock_request, w)
+            _set_read_locks(lock_request, r)
+            _set_append_locks(lock_request, a)
+            return lock_request
+        return cls(w, r, a)
 
     @property
     def is_empty(self) -> bool:
         return not (self.write_locks or self.read_locks or self.append_locks)
 
+
+_new_object = object.__new__
+_set_write_locks, _set_read_locks, _set_append_locks = (
+    getattr(LockRequest, field.name).__set__ for field in attrs.fields(LockRequest))
 
 #: The request of an append without locks (always safe, never busy).
 NO_LOCKS = LockRequest()

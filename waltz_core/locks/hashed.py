@@ -118,10 +118,13 @@ class HashedLockTable:
 
     def begin(self, request: LockRequest) -> Begin:
         writes = request.write_locks
+        reads = request.read_locks
         appends = request.append_locks
-        # Nothing in flight (the common case at low concurrency): nothing to collide with.
+        # Nothing in flight (the common case at low concurrency): nothing to collide with. Empty
+        # lists are skipped before the call (most requests have one kind of lock).
         if self._in_flight and (
-            self._any_busy(writes) or self._any_busy(request.read_locks) or self._any_busy(appends)
+            (writes and self._any_busy(writes)) or (reads and self._any_busy(reads))
+            or (appends and self._any_busy(appends))
         ):
             return Begin.BUSY
         if writes:
@@ -135,7 +138,10 @@ class HashedLockTable:
         return self._max_min(request.read_locks, self._max_min(request.write_locks, -1))
 
     def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
-        estimate = self._max_min(request.read_locks, self._max_min(request.write_locks, -1))
+        reads = request.read_locks
+        estimate = self._max_min(request.write_locks, -1)
+        if reads:
+            estimate = self._max_min(reads, estimate)
         return estimate if estimate > client_high_water_mark else None
 
     def commit(self, request: LockRequest, transaction_id: int) -> None:
@@ -147,7 +153,8 @@ class HashedLockTable:
                 for s in cache.get(lock) or self._slots_miss(lock):
                     marks[s] = transaction_id
                     busy[s] = 0
-        self._end()
+        if self._in_flight:  # _end() inlined: once per committed locked append
+            self._in_flight -= 1
 
     def abort(self, request: LockRequest) -> None:
         if request.write_locks:

@@ -8,6 +8,7 @@ and Java applications to lock the same things in the same partition.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import attrs
 
@@ -49,15 +50,7 @@ def lock_hash(name: str, id: int) -> int:
     return _signed32(java_string_hash(name) ^ java_long_hash(id))
 
 
-def _check_id(_inst: object, _attr: object, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"lock id must be an int, got {type(value).__name__}")
-    java_long_hash(value)  # range check
-
-
-def _check_name(_inst: object, _attr: object, value: str) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"lock name must be a str, got {type(value).__name__}")
+_set_lock_hash: Callable[[object, str, int], None] = object.__setattr__  # frozen: set once, at construction
 
 
 @attrs.frozen(slots=True)
@@ -69,15 +62,27 @@ class PartitionLocalLock:
         class AccountLock(PartitionLocalLock):
             def __init__(self, account_id: int) -> None:
                 super().__init__("account", account_id)
+
+    The hash is computed once, when the lock is made (which also checks name and id): a
+    transaction that is retried after a lock failure hashes its locks again on every try.
     """
 
-    name: str = attrs.field(validator=_check_name)
-    id: int = attrs.field(validator=_check_id)
+    name: str
+    id: int
+    _lock_hash: int = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        name, id = self.name, self.id
+        if not isinstance(name, str):
+            raise TypeError(f"lock name must be a str, got {type(name).__name__}")
+        if isinstance(id, bool) or not isinstance(id, int):
+            raise TypeError(f"lock id must be an int, got {type(id).__name__}")
+        _set_lock_hash(self, "_lock_hash", _signed32(java_string_hash(name) ^ java_long_hash(id)))
 
     @property
     def lock_hash(self) -> int:
         """The signed 32-bit hash sent in append requests (Java ``hashCode()``)."""
-        return _signed32(java_string_hash(self.name) ^ java_long_hash(self.id))
+        return self._lock_hash
 
 
 def lock_hashes(locks: object) -> tuple[int, ...]:

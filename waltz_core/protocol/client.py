@@ -627,6 +627,9 @@ def _enc_append(m: AppendRequest) -> bytes:
 _TWO_INTS: Final = struct.Struct(">ii")
 _INT_ARRAYS: Final = tuple(struct.Struct(f">{n}i") for n in range(17))  # the common small lock lists
 _APPEND_MIN: Final = _HEAD_LONG.size + 3 * 4 + 4 + 4 + 4  # no locks, no data
+_APPEND_ONE_WRITE_MIN: Final = _APPEND_ONE_WRITE_HEAD.size + 4  # one write lock, no data
+#: What :func:`_unpack_append_locks` reads: data start, header, data length, write, read, append locks.
+_AppendLocks: TypeAlias = tuple[int, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 @CODEC.decoder(AppendRequest)
@@ -643,13 +646,31 @@ def _dec_append(buf: Buf) -> AppendRequest:
     _, c, g, p, s, hwm, nw, nr, na, header, n = _APPEND_PLAIN_HEAD.unpack_from(buf, 0)
     if nw == 0 and nr == 0 and na == 0:
         start = _APPEND_PLAIN_HEAD.size
-        if n < 0 or start + n + 4 != end:
+        write_locks: tuple[int, ...] = ()
+        read_locks: tuple[int, ...] = ()
+        append_locks: tuple[int, ...] = ()
+    else:
+        fields = _unpack_append_locks(buf, end, nw)
+        if fields is None:
             return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
-        data = bytes(buf[start : start + n])
-        (checksum,) = U32.unpack_from(buf, start + n)
-        if crc32(data) != checksum:
-            raise ChecksumError(f"AppendRequest {ReqId(c, g, p, s)}: transaction data checksum mismatch")
-        return _fast_append(fast_req_id(c, g, p, s), hwm, (), (), (), header, data, checksum)
+        start, header, n, write_locks, read_locks, append_locks = fields
+    if n < 0 or start + n + 4 != end:
+        return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
+    data = bytes(buf[start : start + n])
+    (checksum,) = U32.unpack_from(buf, start + n)
+    if crc32(data) != checksum:
+        raise ChecksumError(f"AppendRequest {ReqId(c, g, p, s)}: transaction data checksum mismatch")
+    return _fast_append(fast_req_id(c, g, p, s), hwm, write_locks, read_locks, append_locks, header, data, checksum)
+
+
+def _unpack_append_locks(buf: Buf, end: int, write_count: int) -> _AppendLocks | None:
+    """(where the data starts, header, data length, write, read and append locks) of an append
+    with locks, or None when the lists do not fit (the checked decoder then names the problem)."""
+    if write_count == 1 and end >= _APPEND_ONE_WRITE_MIN:
+        # The usual locked append: one write lock, no read or append locks; one struct again.
+        _, _, _, _, _, _, _, lock, nr, na, header, n = _APPEND_ONE_WRITE_HEAD.unpack_from(buf, 0)
+        if nr == 0 and na == 0:
+            return _APPEND_ONE_WRITE_HEAD.size, header, n, (lock,), (), ()
     pos = _HEAD_LONG.size
     locks = []
     for _ in range(3):
@@ -657,19 +678,11 @@ def _dec_append(buf: Buf) -> AppendRequest:
         pos += 4
         # 12 = at least the header, the data length and the checksum still follow
         if n < 0 or pos + 4 * n + 12 > end:
-            return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
+            return None
         locks.append(_INT_ARRAYS[n].unpack_from(buf, pos) if n < 17 else struct.unpack_from(f">{n}i", buf, pos))
         pos += 4 * n
     header, n = _TWO_INTS.unpack_from(buf, pos)
-    pos += 8
-    if n < 0 or pos + n + 4 != end:
-        return _dec_append_checked(Reader(buf, 1, "AppendRequest"))
-    data = bytes(buf[pos : pos + n])
-    (checksum,) = U32.unpack_from(buf, pos + n)
-    q = fast_req_id(c, g, p, s)
-    if crc32(data) != checksum:
-        raise ChecksumError(f"AppendRequest {q}: transaction data checksum mismatch")
-    return _fast_append(q, hwm, locks[0], locks[1], locks[2], header, data, checksum)
+    return pos + 8, header, n, locks[0], locks[1], locks[2]
 
 
 #: The generic AppendRequest decoder from byte 1: the fast path's fallback, which names the problem.
