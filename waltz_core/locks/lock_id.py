@@ -63,8 +63,8 @@ class PartitionLocalLock:
             def __init__(self, account_id: int) -> None:
                 super().__init__("account", account_id)
 
-    The hash is computed once, when the lock is made (which also checks name and id): a
-    transaction that is retried after a lock failure hashes its locks again on every try.
+    The hash is computed once, when the lock is made (which also checks name and id), not on
+    every try of a transaction that names the lock.
     """
 
     name: str

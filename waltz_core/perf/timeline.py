@@ -11,7 +11,8 @@ too), each process records cheap timestamped events in memory and writes them to
   recorded with what the loop's thread did meanwhile, from ``/proc/thread-self/schedstat``:
   CPU time (the loop was busy: synchronous work or a GC), run-queue wait (it was runnable but
   another process had the CPU) and the rest (blocked in a system call, or sleeping);
-* **fdatasync calls** (``os.fdatasync`` wrapped at start: storages sync in a thread, off the loop);
+* **fdatasync calls** (``os.fdatasync`` wrapped at start; storages sync on their loop by default,
+  ``io_threads = 0``, or in their I/O threads);
 * in the client (:mod:`waltz_core.perf.driver`), each measured transaction's start (submit, or
   the open loop's scheduled arrival) and completion, and the measured window.
 
