@@ -133,6 +133,35 @@ async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
     await store.close()
 
 
+async def test_a_session_does_not_start_with_fewer_replicas_than_its_quorum(monkeypatch: pytest.MonkeyPatch,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    # Recovery counts s1 and s2 (s3 is down), then s2 becomes unreachable before the session
+    # connects its replicas. A session of s1 alone could never commit, and no failure of its one
+    # replica would end it (a netns smoketest hung so, through every later rollover).
+    replicas, _, store, sink = make()
+    replicas["s3:1"].down = True
+    recover = Recovery.run
+    recoveries = 0
+
+    async def recover_then_lose_s2(self: Recovery):  # type: ignore[no-untyped-def]
+        nonlocal recoveries
+        result = await recover(self)
+        recoveries += 1
+        if recoveries == 1:
+            replicas["s2:1"].down = True
+            asyncio.get_running_loop().call_later(0.3, setattr, replicas["s2:1"], "down", False)
+        return result
+
+    monkeypatch.setattr(Recovery, "run", recover_then_lose_s2)
+    assert await asyncio.wait_for(store.open(sink), 10) == -1
+    assert store.session is not None and sorted(store.session.replicas) == ["s1:1", "s2:1"]
+    assert recoveries >= 2 and "only 1 of the 2 replicas a commit needs were reachable" in caplog.text
+    ids = await append_n(store, 5)
+    await asyncio.wait_for(store.flush(), 10)
+    assert sink.committed == ids[-1]
+    await store.close()
+
+
 async def test_a_returning_replica_catches_up_and_is_identical() -> None:
     replicas, _meta, store, sink = make()
     replicas["s3:1"].down = True

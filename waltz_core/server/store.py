@@ -554,6 +554,13 @@ class ReplicatedStore:
             mark = result.high_water_mark if clean else result.lagging[endpoint]
             rs = _ReplicaSession(session, endpoint, api, mark, clean)
             session.replicas[endpoint] = rs
+        if len(session.replicas) < session.quorum:
+            # A replica recovery counted became unreachable before the session connected it. With
+            # fewer replicas than the quorum the session could never commit, and no replica of it
+            # would fail to end it: begin another session instead (the caller retries).
+            raise PartitionNotReadyError(
+                f"partition {pid}: only {len(session.replicas)} of the {session.quorum} replicas a commit needs "
+                f"were reachable when session {session_id} started ({sorted(session.replicas)})")
         if self._closed:
             return  # closed while recovering: start nothing
         for rs in session.replicas.values():
