@@ -23,6 +23,8 @@ from waltz_core.storage.format import HEADER_SIZE
 from waltz_core.storage.journal import (
     ENTRIES_START,
     JOURNAL_DIRECTORY,
+    PREALLOCATE_FIRST_STEP,
+    PREALLOCATE_MAX_STEP,
     NodeJournal,
     journal_paths,
     read_journal,
@@ -127,6 +129,39 @@ def test_the_journal_is_full_at_its_checkpoint_size(tmp_path: Path) -> None:
     assert journal.full and journal.position > ENTRIES_START + 200
     journal.reset()
     assert not journal.full and journal.position == ENTRIES_START
+    journal.close()
+
+
+def test_zeros_are_written_ahead_of_the_rounds_in_growing_steps_and_read_as_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=64 << 20)
+    journal.append([_entry(0, 3)])
+    assert journal.wants_room and path.stat().st_size == journal.position  # a fresh file ends at its writes
+    sizes = []
+    for _ in range(4):
+        journal.preallocate()
+        sizes.append(path.stat().st_size)
+    steps = [b - a for a, b in zip([journal.position, *sizes], sizes, strict=False)]
+    assert steps == [PREALLOCATE_FIRST_STEP, 2 * PREALLOCATE_FIRST_STEP, PREALLOCATE_MAX_STEP, PREALLOCATE_MAX_STEP]
+    assert not journal.wants_room
+    # Written, not sparse: the blocks exist, so the rounds' fdatasyncs allocate nothing.
+    assert path.stat().st_blocks * 512 >= sizes[-1] - 4096
+    journal.append([_entry(3, 2)])  # over the zeros: the file does not grow
+    assert path.stat().st_size == sizes[-1]
+    entries, stop = read_journal(path)
+    assert [(e.first_transaction_id, e.count) for e in entries] == [(0, 3), (3, 2)] and stop is None
+    journal.close()
+
+
+def test_zeros_stop_at_the_generations_checkpoint_point(tmp_path: Path) -> None:
+    path = tmp_path / "io-0.wal"
+    journal = NodeJournal(path, checkpoint_bytes=4096)  # full somewhere after 2048..4096 bytes
+    assert journal.wants_room
+    journal.preallocate()
+    assert ENTRIES_START + 2048 <= path.stat().st_size <= ENTRIES_START + 4096
+    assert not journal.wants_room
+    journal.preallocate()  # nothing more to do for this generation
+    assert path.stat().st_size <= ENTRIES_START + 4096
     journal.close()
 
 
@@ -593,3 +628,49 @@ async def test_rounds_on_the_event_loop_journal_and_replay_like_a_thread(tmp_pat
         assert {r.partition_id for r in node.repairs if r.action == "replayed journal"} == {0, 1}
         assert list(await c.record_list(2, 0, 0, 100)) == make_records(0, 6)
         assert list(await c.record_list(2, 1, 0, 100)) == make_records(0, 3, 1)
+
+
+@pytest.mark.parametrize("io_threads", [0, 1])
+async def test_after_a_round_a_node_writes_zeros_ahead_of_its_journal(tmp_path: Path, cluster_key,
+                                                                      io_threads: int) -> None:
+    async with _journaled_node(tmp_path, cluster_key, 0, io_threads=io_threads) as (node, c):
+        journal = node.io_threads[0].journal
+        assert journal is not None
+        path = journal.path
+        await c.append(1, 0, make_records(0, 3))
+        for _ in range(500):  # a thread writes them after posting the round's replies
+            if path.stat().st_size > journal.position:
+                break
+            await asyncio.sleep(0.01)
+        # One step from the header, written after the rounds that opened the partition (or up to the checkpoint point).
+        ahead = path.stat().st_size
+        assert ahead == min(ENTRIES_START + PREALLOCATE_FIRST_STEP, journal._limit)
+        await c.append(1, 0, make_records(3, 2))  # over the zeros: no room wanted yet
+        await asyncio.sleep(0.05)
+        assert path.stat().st_size == ahead and not journal.wants_room
+        assert list(await c.record_list(1, 0, 0, 100)) == make_records(0, 5)
+
+
+async def test_zeros_that_cannot_be_written_leave_the_appends_alone_and_are_tried_again_after_a_checkpoint(
+        tmp_path: Path, cluster_key, caplog: pytest.LogCaptureFixture) -> None:
+    async with _journaled_node(tmp_path, cluster_key, 0, io_threads=0) as (node, c):
+        rounds = node.io_threads[0]
+        journal = rounds.journal
+        assert journal is not None
+        tries: list[int] = []
+
+        def full_disk() -> None:
+            tries.append(journal.position)
+            raise OSError(28, "No space left on device")
+
+        journal.preallocate = full_disk  # type: ignore[method-assign]
+        journal._ahead = 1 << 40  # room wanted after every round from now on
+        with caplog.at_level("WARNING", logger="waltz.storage.node"):
+            await c.append(1, 0, make_records(0, 3))
+            await c.append(1, 0, make_records(3, 3))
+        assert len(tries) == 1  # not every round: once, until the next checkpoint
+        assert [r for r in caplog.records if "could not write zeros ahead" in r.getMessage()]
+        assert list(await c.record_list(1, 0, 0, 100)) == make_records(0, 6)
+        rounds.checkpoint()
+        await c.append(1, 0, make_records(6, 1))
+        assert len(tries) == 2

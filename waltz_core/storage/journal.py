@@ -27,6 +27,13 @@ What a journal has to get right, and how this one does:
   stops at the first entry that is torn, fails its CRC or belongs to an older generation. The
   file is overwritten from the start after a checkpoint, so steady-state syncs do not change
   its size.
+* **The rounds overwrite blocks that already exist.** An fdatasync of a file that grew must
+  also write the allocation of its new blocks (ext4 without a journal: each bitmap and extent
+  buffer synchronously; with one, a commit), which doubled the sync's latency and CPU in a fresh
+  journal (docs/performance.md, "A fresh journal's fdatasync"). So the journal writes zeros ahead
+  of its rounds (:meth:`NodeJournal.preallocate`, after a round's replies are out), a step of
+  256 KiB growing to 1 MiB at a time: a node that journals little keeps a small file. Zeros read
+  as generation 0, the end of any generation.
 * **A failed journal write or checkpoint** leaves the journal in doubt: the I/O thread refuses
   appends and truncates from then on (reads go on), and a restart replays it.
 
@@ -52,7 +59,7 @@ import attrs
 from ..errors import ProtocolError, StorageCorruptionError, StorageError
 from ..protocol.checksum import crc32 as fast_crc32
 from ..protocol.wire import RecordBatch
-from .files import fsync_dir, pwrite_all, pwritev_all
+from .files import fsync_dir, pwrite_all, pwritev_all, start_writeback
 from .format import FLAG_AVAILABLE, PartitionInfo
 from .layout import DeferredSyncStore, PartitionStore, Repair, StorageLayout
 
@@ -75,6 +82,10 @@ _HEAD_AFTER_CRC = struct.Struct("<QiqII")
 _CRC = struct.Struct("<I")
 #: the largest entry a reader believes (a head claiming more is garbage, not a record batch)
 _MAX_ENTRY_BYTES = 1 << 30
+#: zeros written ahead of the rounds: the first step, and the step it doubles up to
+PREALLOCATE_FIRST_STEP = 256 * 1024
+PREALLOCATE_MAX_STEP = 1024 * 1024
+_ZEROS = bytes(64 * 1024)  #: a step is written as this buffer repeated (one pwritev)
 
 
 @attrs.frozen(slots=True)
@@ -212,6 +223,11 @@ class NodeJournal:
         try:
             self.generation, self._slot = _read_generation(self._fd, path)
             self._position = ENTRIES_START
+            #: the file's size: what lies between the position and it was written before (old
+            #: entries or zeros), so the rounds' writes there allocate nothing
+            self._allocated = os.fstat(self._fd).st_size
+            self._step = PREALLOCATE_FIRST_STEP  #: the next preallocation's size
+            self._ahead = PREALLOCATE_FIRST_STEP // 2  #: room wanted below this many bytes of zeros ahead
             self.reset()
         except BaseException:
             os.close(self._fd)
@@ -229,6 +245,29 @@ class NodeJournal:
         bytes, do not checkpoint (and stall) at the same moment."""
         return self._position >= self._limit
 
+    @property
+    def wants_room(self) -> bool:
+        """The rounds' writes are within half the last step of the file's end, and this
+        generation may still go past it: time to :meth:`preallocate`."""
+        return self._allocated - self._position < self._ahead and self._allocated < self._limit
+
+    def preallocate(self) -> None:
+        """Write one step of zeros after the end of the file (or after the position, if a round
+        wrote past the end), not beyond this generation's checkpoint point, and start their
+        writeback: their blocks are allocated then, not in a round's fdatasync. Nothing depends
+        on it: an OSError (a full disk) leaves the journal as it was, and its next writes extend
+        the file themselves."""
+        start = max(self._allocated, self._position)
+        nbytes = min(self._step, self._limit - start)
+        if nbytes <= 0:
+            return
+        chunks, rest = divmod(nbytes, len(_ZEROS))
+        pwritev_all(self._fd, [_ZEROS] * chunks + ([memoryview(_ZEROS)[:rest]] if rest else []), start)
+        start_writeback(self._fd, start, nbytes)
+        self._allocated = start + nbytes
+        self._ahead = self._step // 2
+        self._step = min(2 * self._step, PREALLOCATE_MAX_STEP)
+
     def append(self, entries: Sequence[tuple[int, int, int, bytes | memoryview]]) -> None:
         """Write ``(partition id, first transaction id, count, records)`` entries with one write
         and make them durable with one fdatasync."""
@@ -240,8 +279,10 @@ class NodeJournal:
             rest = pack(gen, pid, first, count, len(data))
             buffers.append(pack_crc(crc32(data, crc32(rest))) + rest)
             buffers.append(data)
-        self._position += pwritev_all(self._fd, buffers, self._position)
+        position = self._position = self._position + pwritev_all(self._fd, buffers, self._position)
         os.fdatasync(self._fd)
+        if position > self._allocated:
+            self._allocated = position
 
     def reset(self) -> None:
         """Start the next generation (after the partition files were synced): everything in the

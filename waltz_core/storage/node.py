@@ -218,6 +218,8 @@ class IoThread:
         self.journal_error: BaseException | None = None
         #: partitions with journaled records not yet synced in their own files
         self.dirty: set[PartitionWorker] = set()
+        #: writing zeros ahead of the journal failed (a full disk?): not tried again until a checkpoint
+        self._preallocation_failed = False
         #: time.monotonic() at the start of the round under way, 0.0 between rounds (read by health())
         self.round_started = 0.0
         m, labels = node.metrics, {"thread": str(index)}
@@ -266,6 +268,7 @@ class IoThread:
             rang.extend(doorbell.get_nowait() for _ in range(doorbell.qsize()))
             replies, stop = self.run_round(rang)
             post(replies)
+            self.make_room()
             if stop:
                 self._close_journal()
                 return
@@ -334,6 +337,21 @@ class IoThread:
         if journal.full:
             self.checkpoint_due()
 
+    def make_room(self) -> None:
+        """After a round's replies are out: write zeros ahead of the journal's rounds when they
+        near the end of its file (:meth:`NodeJournal.preallocate`), so that their fdatasyncs
+        overwrite blocks instead of allocating them."""
+        journal = self.journal
+        if journal is None or self.journal_error is not None or self._preallocation_failed or not journal.wants_room:
+            return
+        try:
+            journal.preallocate()
+        except OSError as exc:
+            self._preallocation_failed = True
+            log.warning("%s: could not write zeros ahead of the node journal %s (%s); its rounds extend the file "
+                        "themselves, each fdatasync syncing the new blocks' allocation too", self.name, journal.path,
+                        exc)
+
     def checkpoint_due(self) -> None:
         """The journal is full: checkpoint now, in the round (the thread's rounds wait for it)."""
         try:
@@ -359,6 +377,7 @@ class IoThread:
             for worker in dirty:
                 worker.sync_store()
             journal.reset()
+            self._preallocation_failed = False
             self._m_checkpoint.observe(time.perf_counter() - started)
         except Exception as exc:
             self.fail_journal(exc)
@@ -435,6 +454,13 @@ class LoopRounds(IoThread):
         if self._checkpoint_wanted:
             self._checkpoint_wanted = False
             self._start_checkpoint()
+        elif self.journal is not None and self.journal.wants_room:
+            # After the round's replies: the writer tasks they woke are ahead in the loop's queue.
+            asyncio.get_running_loop().call_soon(self._make_room)
+
+    def _make_room(self) -> None:
+        if self._checkpointing is None:  # a checkpoint is starting the journal over: no room needed
+            self.make_room()
 
     def checkpoint_due(self) -> None:
         # Not now: the round is still using the stores; _round starts it on a thread at its end.

@@ -20,7 +20,6 @@ Methods block; see :mod:`.layout` for the threading contract.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import fcntl
 import json
 import logging
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
-from .files import fsync_dir, pwritev_all
+from .files import fsync_dir, pwritev_all, start_writeback
 from .files import pwrite_all as _pwrite_all
 from .format import (
     CHECKPOINT_OFFSET,
@@ -84,37 +83,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    """libc's ``sync_file_range`` (Linux), or None where there is none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_sync_file_range = _load_sync_file_range()
-_SYNC_FILE_RANGE_WRITE = 2  #: start writeback of the range's dirty pages, do not wait
 #: with ``lazy_writeback``, a data file's writeback is started once per this many bytes written
 LAZY_WRITEBACK_BYTES = 256 * 1024
 #: with ``lazy_writeback``, batches are gathered in memory up to this many bytes and written with
 #: one pwrite: at one record per append, that pwrite was about a fifth of a storage's CPU
 #: (docs/performance.md, "Many partitions, and what is left"); per partition, at most
 PENDING_WRITE_BYTES = 16 * 1024
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Start writing ``nbytes`` at ``offset`` to the device without waiting (Linux
-    ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; elsewhere nothing). Durability still comes only
-    from fdatasync; this lets the writes of several files proceed while the first fdatasync
-    waits (measured: 4 partitions synced in 0.29 ms a round instead of 0.38 serially)."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # a failure leaves it to fdatasync
 
 
 #: what a partition leaves of its synced records in the page cache by default ([storage] page_cache_keep_bytes)
