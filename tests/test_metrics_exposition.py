@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from waltz_core.client import AsyncWaltzClient, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz_core.metrics import MetricsRegistry, process_registry
+from waltz_core.metrics import DEFAULT_BUCKETS, Histogram, MetricsRegistry, process_registry
 from waltz_core.testing import require
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.testing.mock_cluster import MockCluster
@@ -277,3 +279,17 @@ async def test_live_endpoints_pass_promtool_and_the_dashboard_names_only_real_me
     assert {"waltz_server_appends_total", "waltz_server_commit_latency_seconds_bucket",
             "waltz_server_lock_failures_total", "waltz_server_storage_reachable", "waltz_server_cache_bytes",
             "process_resident_memory_bytes", "process_cpu_seconds_total"} <= named
+
+
+@given(st.lists(st.one_of(st.floats(0, 100, allow_nan=False), st.sampled_from(DEFAULT_BUCKETS)), max_size=80),
+       st.integers(0, 3))
+def test_observing_many_values_at_once_counts_as_observing_each(values: list[float], before: int) -> None:
+    each, many = Histogram({}), Histogram({})
+    for h in (each, many):  # some observations already there
+        for i in range(before):
+            h.observe(DEFAULT_BUCKETS[i])
+    for v in values:
+        each.observe(v)
+    many.observe_many(values)
+    assert many.counts == each.counts and many.count == each.count
+    assert many.sum == pytest.approx(each.sum)

@@ -120,6 +120,14 @@ def test_unpack_feed_data_equals_the_generic_decoder(msg: client.FeedData) -> No
                                             decoded.transaction_id, decoded.header)
 
 
+@given(st.lists(st.builds(client.FeedData, st.builds(ReqId, *[st.integers(-(2**31), 2**31 - 1)] * 4),
+                          st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1)), max_size=20))
+def test_a_run_of_feed_data_encodes_as_each_commit_alone(msgs: list[client.FeedData]) -> None:
+    # the server's pending appends: (transaction id, req id, header, data, ...)
+    pending = [(m.transaction_id, m.req_id, m.header, b"data", 0) for m in msgs]
+    assert client.encode_feed_data_run(pending) == [client.CODEC.generic_encode(m) for m in msgs]
+
+
 @given(feed_data_batches())
 def test_the_feed_batch_fast_paths_equal_the_generic_codec(msg: client.FeedDataBatch) -> None:
     raw = client.CODEC.generic_encode(msg)

@@ -182,3 +182,39 @@ def test_removed_keys_say_what_replaced_them(tmp_path, old: str, new: str) -> No
         load(ServerProcessConfig, path, environ={})
     with pytest.raises(ConfigError, match=f"WALTZ_SERVER_{old.upper()}: removed in 0.2.*{new}"):
         load(ServerProcessConfig, None, environ={f"WALTZ_SERVER_{old.upper()}": "100"})
+
+
+def _chunks(cache: DataCache) -> list[tuple[int, bytes, list[int], list[int]]]:
+    return [(c.first, bytes(c.data), list(c.ends), list(c.checksums)) for c in cache._chunks if c is not None]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, DATA_CHUNK + 3), st.integers(0, 60), st.booleans(), st.booleans()),
+                max_size=12),
+       st.integers(1, 3 * DATA_CHUNK), st.sampled_from([caches.DATA_CHUNK_BYTES, 100, 1000]))
+def test_put_many_leaves_the_cache_as_puts_one_at_a_time_do(batches: list[tuple[int, int, bool, bool]], room: int,
+                                                            chunk_bytes: int) -> None:
+    """The same chunks (cut by entry count or bytes at the same entries), budget, eviction and
+    contents, with entries of mixed sizes, oversize ones and restarts."""
+    with mock.patch.object(caches, "DATA_CHUNK_BYTES", chunk_bytes):
+        limit = room * (30 + DATA_ENTRY_OVERHEAD) + FIFO_ENTRY_COST
+        one, many = DataCache(CacheBudget(limit)), DataCache(CacheBudget(limit))
+        next_id = 0
+        for count, size, restart, oversize in batches:
+            if restart and count:
+                next_id += 1000
+            data = [b"x" * (limit // 4 + 1) if oversize and t % 5 == 0 else bytes([t % 251]) * ((t * size) % 61)
+                    for t in range(next_id, next_id + count)]
+            sums = [t * 3 for t in range(next_id, next_id + count)]
+            for i in range(count):
+                one.put(next_id + i, data[i], sums[i])
+            many.put_many(next_id, data, sums)
+            one.settle()
+            many.settle()
+            next_id += count
+            assert _chunks(many) == _chunks(one)
+            assert (many._head, many._next, many._firsts[many._start:]) == (one._head, one._next,
+                                                                          one._firsts[one._start:])
+            assert many.nbytes == one.nbytes and many.budget.used == one.budget.used
+            assert [many.get(t) for t in range(next_id - count - 2, next_id)] == \
+                [one.get(t) for t in range(next_id - count - 2, next_id)]

@@ -10,6 +10,7 @@ import pytest
 
 import waltz_core.server.partition as partition_module
 from waltz_core.protocol import client as m
+from waltz_core.protocol.checksum import crc32
 from waltz_core.protocol.wire import ReqId
 
 from .conftest import append, settle
@@ -81,3 +82,23 @@ async def test_commit_latency_is_summarised_again_only_after_commits_and_a_while
     assert partition.commit_latency is first and sorts == [3], "commits since, but the summary is recent"
     monkeypatch.setattr(partition_module, "LATENCY_SUMMARY_MAX_AGE", 0.0)
     assert partition.commit_latency is not first and sorts == [3, 5]
+
+
+async def test_a_commit_of_ids_that_are_not_consecutive_is_taken_one_by_one(mounted: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    store, partition, link = mounted
+    one_by_one: list[int] = []
+    slow = partition._take_committed_one_by_one
+    monkeypatch.setattr(partition, "_take_committed_one_by_one", lambda hwm: (one_by_one.append(hwm), slow(hwm))[1])
+    await _append_n(partition, link, 1, 3)  # ids 0..2
+    store.commit(2)
+    assert one_by_one == [] and partition._data_cache.get(2) == (b"t3", crc32(b"t3"))
+    await _append_n(partition, link, 4, 2)  # ids 3, 4
+    store.appended.extend([b""] * 5)  # the next id is 10: a gap, which a session never leaves
+    await _append_n(partition, link, 6, 2)  # ids 10, 11
+    store.commit(11)
+    assert one_by_one == [11] and not partition._pending and partition.high_water_mark == 11
+    # Each run cached as far as the caches go: the data cache starts again at the gap.
+    assert partition._data_cache.get(4) is None
+    assert [partition._data_cache.get(t) for t in (10, 11)] == [(b"t6", crc32(b"t6")), (b"t7", crc32(b"t7"))]
+    assert len(partition._latencies) == 7

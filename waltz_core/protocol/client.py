@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import struct
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, ClassVar, Final, TypeAlias
 
 import attrs
@@ -473,6 +473,13 @@ def encode_feed_data(req_id: ReqId, transaction_id: int, header: int) -> bytes:
     (the server encodes each commit once and sends the same bytes to every mounted client)."""
     q = req_id
     return _FEED_DATA.pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, transaction_id, header)
+
+
+def encode_feed_data_run(commits: Sequence[Sequence[Any]]) -> list[bytes]:
+    """:func:`encode_feed_data` of each commit given as ``(transaction id, req id, header, ...)``
+    (the server's pending appends of a commit batch): one comprehension, no call per commit."""
+    pack = _FEED_DATA.pack
+    return [pack(4, q.client_id, q.generation, q.partition_id, q.seq_num, c[0], c[2]) for c in commits for q in (c[1],)]
 
 
 @CODEC.encoder(FeedData)

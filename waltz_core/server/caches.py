@@ -18,8 +18,9 @@ DATA_ENTRY_OVERHEAD bytes.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
+from itertools import accumulate
 
 #: Bytes one cached feed frame costs (29-byte FeedData payload plus object and deque overhead).
 FRAME_COST = 72
@@ -239,14 +240,7 @@ class DataCache(_BudgetedCache):
         if transaction_id != self._next:
             self.clear()
             self._head = transaction_id
-        chunks = self._chunks
-        chunk = chunks[-1] if len(chunks) > self._start else None
-        if chunk is None or len(chunk.ends) >= DATA_CHUNK or len(chunk.data) >= DATA_CHUNK_BYTES:
-            if chunk is not None:
-                chunk.seal()
-            chunk = _Chunk(transaction_id)
-            chunks.append(chunk)
-            self._firsts.append(transaction_id)
+        chunk = self._open_chunk(transaction_id)
         size = len(data)
         if size > self._max_item:
             chunk.checksums.append(-1)
@@ -258,6 +252,51 @@ class DataCache(_BudgetedCache):
         chunk.ends.append(len(chunk.data))
         self._pending_count += 1
         self._next = transaction_id + 1
+
+    def put_many(self, first_transaction_id: int, data: list[bytes], checksums: list[int]) -> None:
+        """:meth:`put` of ``first_transaction_id, first_transaction_id + 1, ...`` (a commit
+        batch): each chunk's share of them is joined once and its ends and checksums extended
+        together; the chunks are cut where :meth:`put` would cut them."""
+        n = len(data)
+        if not n:
+            return
+        sizes = list(map(len, data))
+        if max(sizes) > self._max_item:  # some are too large to cache: one at a time
+            for i in range(n):
+                self.put(first_transaction_id + i, data[i], checksums[i])
+            return
+        if first_transaction_id != self._next:
+            self.clear()
+            self._head = first_transaction_id
+        i = 0
+        while i < n:
+            chunk = self._open_chunk(first_transaction_id + i)
+            j = min(n, i + DATA_CHUNK - len(chunk.ends))
+            # ends[k]: the chunk's bytes before entry i + k; put() adds an entry while they are
+            # under DATA_CHUNK_BYTES, so the chunk takes the entries before the first end at or
+            # over it (at least one: an open chunk is under it)
+            ends = list(accumulate(sizes[i:j], initial=len(chunk.data)))
+            k = bisect_left(ends, DATA_CHUNK_BYTES, 0, j - i)
+            chunk.data += b"".join(data[i:i + k])  # the chunk being filled is a bytearray
+            chunk.ends.extend(ends[1:k + 1])
+            chunk.checksums.extend(checksums[i:i + k])
+            i += k
+        self._pending_count += n
+        self._pending_bytes += sum(sizes) + n * DATA_ENTRY_OVERHEAD
+        self._next = first_transaction_id + n
+
+    def _open_chunk(self, transaction_id: int) -> _Chunk:
+        """The chunk being filled, or a new one from ``transaction_id`` when there is none or it
+        is full (sealing it)."""
+        chunks = self._chunks
+        chunk = chunks[-1] if len(chunks) > self._start else None
+        if chunk is None or len(chunk.ends) >= DATA_CHUNK or len(chunk.data) >= DATA_CHUNK_BYTES:
+            if chunk is not None:
+                chunk.seal()
+            chunk = _Chunk(transaction_id)
+            chunks.append(chunk)
+            self._firsts.append(transaction_id)
+        return chunk
 
     def evict_oldest(self, count: int, nbytes: int) -> tuple[int, int]:
         limit = min(count, self._next - self._head - self._pending_count)

@@ -30,7 +30,7 @@ from ..inbox import Inbox
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
 from ..metrics import Histogram
 from ..protocol import client as m
-from ..protocol.client import DATA_RANGE_ITEM_OVERHEAD, encode_feed_data
+from ..protocol.client import DATA_RANGE_ITEM_OVERHEAD, encode_feed_data, encode_feed_data_run
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.wire import Record, RecordHeader, ReqId
 from .caches import CacheBudget, DataCache, FeedCache
@@ -397,36 +397,7 @@ class Partition:
     # --------------------------------------------------------------------------- store events
 
     def on_committed(self, high_water_mark: int) -> None:
-        pending = self._pending
-        locks = self.locks
-        data_put = self._data_cache.put
-        now = _monotonic()
-        add_latency = self._latencies.append
-        observe = self._histogram.observe if self._histogram is not None else None
-        popleft = pending.popleft
-        no_locks = NO_LOCKS
-        feed_add_many = self._feed_cache.add_many
-        frames: list[bytes] = []
-        add_frame = frames.append
-        first = expected = pending[0][0] if pending else 0
-        while pending and pending[0][0] <= high_water_mark:
-            txn, q, header, data, checksum, request, started = popleft()
-            if txn != expected:  # never seen (a session assigns consecutive ids): a new run of frames
-                feed_add_many(first, frames)
-                frames = []
-                add_frame = frames.append
-                first = txn
-            expected = txn + 1
-            latency = now - started
-            add_latency(latency)
-            if observe is not None:
-                observe(latency)
-            add_frame(encode_feed_data(q, txn, header))
-            data_put(txn, data, checksum)
-            if request is not no_locks and locks is not None:
-                locks.commit(request, txn)
-        if frames:
-            feed_add_many(first, frames)  # the feed frames of the batch, with one check
+        first, frames = self._take_committed(high_water_mark)
         self._feed_cache.settle()  # charge the server's budgets once per commit batch
         self._data_cache.settle()
         previous = self.high_water_mark
@@ -436,7 +407,73 @@ class Partition:
         if self._blocked:
             self._inbox.nudge()  # the append task retries them (never from inside the store's callback)
         # The batch's frames, if they are exactly the transactions after the previous high-water mark
-        self._wake_feeds(frames if first == previous + 1 and first + len(frames) - 1 == high_water_mark else None)
+        self._wake_feeds(frames if frames and first == previous + 1 and first + len(frames) - 1 == high_water_mark
+                         else None)
+
+    def _take_committed(self, high_water_mark: int) -> tuple[int, list[bytes]]:
+        """Take the appends up to ``high_water_mark`` from the pending ones: record their
+        latencies, cache their feed frames and data, commit their locks. Returns the first
+        transaction id of the last run of consecutive ids and that run's feed frames.
+
+        A commit batch is one run (a session assigns consecutive ids): each step is taken for
+        all of its appends at once, not a pass of every step per append."""
+        pending = self._pending
+        if not pending:
+            return 0, []
+        first = pending[0][0]
+        n = min(len(pending), high_water_mark - first + 1)
+        if n <= 0:
+            return first, []
+        if pending[n - 1][0] != first + n - 1:
+            return self._take_committed_one_by_one(high_water_mark)
+        if n == len(pending):
+            batch = list(pending)
+            pending.clear()
+        else:
+            popleft = pending.popleft
+            batch = [popleft() for _ in range(n)]
+        now = _monotonic()
+        latencies = [now - e[6] for e in batch]
+        self._latencies.extend(latencies)
+        if self._histogram is not None:
+            self._histogram.observe_many(latencies)
+        frames = encode_feed_data_run(batch)
+        self._feed_cache.add_many(first, frames)
+        self._data_cache.put_many(first, [e[3] for e in batch], [e[4] for e in batch])
+        locks = self.locks
+        if locks is not None:
+            no_locks = NO_LOCKS
+            for e in batch:
+                if e[5] is not no_locks:
+                    locks.commit(e[5], e[0])
+        return first, frames
+
+    def _take_committed_one_by_one(self, high_water_mark: int) -> tuple[int, list[bytes]]:
+        """:meth:`_take_committed` for pending ids that are not consecutive (never seen: kept
+        for safety), an append at a time."""
+        pending = self._pending
+        locks = self.locks
+        now = _monotonic()
+        observe = self._histogram.observe if self._histogram is not None else None
+        frames: list[bytes] = []
+        first = expected = pending[0][0]
+        while pending and pending[0][0] <= high_water_mark:
+            txn, q, header, data, checksum, request, started = pending.popleft()
+            if txn != expected:  # a new run of frames
+                self._feed_cache.add_many(first, frames)
+                frames = []
+                first = txn
+            expected = txn + 1
+            self._latencies.append(now - started)
+            if observe is not None:
+                observe(now - started)
+            frames.append(encode_feed_data(q, txn, header))
+            self._data_cache.put(txn, data, checksum)
+            if request is not NO_LOCKS and locks is not None:
+                locks.commit(request, txn)
+        if frames:
+            self._feed_cache.add_many(first, frames)
+        return first, frames
 
     def on_session_reset(self, high_water_mark: int) -> None:
         """A new store session recovered ``high_water_mark``: commit what it kept, fail the rest."""
