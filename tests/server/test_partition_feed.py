@@ -84,12 +84,12 @@ async def test_commit_latency_is_summarised_again_only_after_commits_and_a_while
     assert partition.commit_latency is not first and sorts == [3, 5]
 
 
-async def test_a_commit_of_ids_that_are_not_consecutive_is_taken_one_by_one(mounted: Any,
+async def test_a_commit_of_ids_that_are_not_consecutive_is_taken_run_by_run(mounted: Any,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     store, partition, link = mounted
     one_by_one: list[int] = []
-    slow = partition._take_committed_one_by_one
-    monkeypatch.setattr(partition, "_take_committed_one_by_one", lambda hwm: (one_by_one.append(hwm), slow(hwm))[1])
+    slow = partition._take_committed_runs
+    monkeypatch.setattr(partition, "_take_committed_runs", lambda hwm: (one_by_one.append(hwm), slow(hwm))[1])
     await _append_n(partition, link, 1, 3)  # ids 0..2
     store.commit(2)
     assert one_by_one == [] and partition._data_cache.get(2) == (b"t3", crc32(b"t3"))

@@ -411,9 +411,9 @@ class Partition:
                          else None)
 
     def _take_committed(self, high_water_mark: int) -> tuple[int, list[bytes]]:
-        """Take the appends up to ``high_water_mark`` from the pending ones: record their
-        latencies, cache their feed frames and data, commit their locks. Returns the first
-        transaction id of the last run of consecutive ids and that run's feed frames.
+        """Take the appends up to ``high_water_mark`` from the pending ones (see
+        :meth:`_commit_run`). Returns the first transaction id of the last run of consecutive
+        ids and that run's feed frames.
 
         A commit batch is one run (a session assigns consecutive ids): each step is taken for
         all of its appends at once, not a pass of every step per append."""
@@ -425,13 +425,34 @@ class Partition:
         if n <= 0:
             return first, []
         if pending[n - 1][0] != first + n - 1:
-            return self._take_committed_one_by_one(high_water_mark)
+            return self._take_committed_runs(high_water_mark)
         if n == len(pending):
             batch = list(pending)
             pending.clear()
         else:
             popleft = pending.popleft
             batch = [popleft() for _ in range(n)]
+        return first, self._commit_run(batch)
+
+    def _take_committed_runs(self, high_water_mark: int) -> tuple[int, list[bytes]]:
+        """:meth:`_take_committed` for pending ids that are not consecutive (never seen: kept
+        for safety): a run of consecutive ids at a time."""
+        pending = self._pending
+        popleft = pending.popleft
+        first, frames = 0, []
+        while pending and pending[0][0] <= high_water_mark:
+            first = expected = pending[0][0]
+            run = []
+            while pending and pending[0][0] == expected and expected <= high_water_mark:
+                run.append(popleft())
+                expected += 1
+            frames = self._commit_run(run)
+        return first, frames
+
+    def _commit_run(self, batch: list[_Pending]) -> list[bytes]:
+        """Commit pending appends of consecutive ids: record their latencies, cache their feed
+        frames and data, commit their locks. Returns their feed frames."""
+        first = batch[0][0]
         now = _monotonic()
         latencies = [now - e[6] for e in batch]
         self._latencies.extend(latencies)
@@ -446,34 +467,7 @@ class Partition:
             for e in batch:
                 if e[5] is not no_locks:
                     locks.commit(e[5], e[0])
-        return first, frames
-
-    def _take_committed_one_by_one(self, high_water_mark: int) -> tuple[int, list[bytes]]:
-        """:meth:`_take_committed` for pending ids that are not consecutive (never seen: kept
-        for safety), an append at a time."""
-        pending = self._pending
-        locks = self.locks
-        now = _monotonic()
-        observe = self._histogram.observe if self._histogram is not None else None
-        frames: list[bytes] = []
-        first = expected = pending[0][0]
-        while pending and pending[0][0] <= high_water_mark:
-            txn, q, header, data, checksum, request, started = pending.popleft()
-            if txn != expected:  # a new run of frames
-                self._feed_cache.add_many(first, frames)
-                frames = []
-                first = txn
-            expected = txn + 1
-            self._latencies.append(now - started)
-            if observe is not None:
-                observe(now - started)
-            frames.append(encode_feed_data(q, txn, header))
-            self._data_cache.put(txn, data, checksum)
-            if request is not NO_LOCKS and locks is not None:
-                locks.commit(request, txn)
-        if frames:
-            self._feed_cache.add_many(first, frames)
-        return first, frames
+        return frames
 
     def on_session_reset(self, high_water_mark: int) -> None:
         """A new store session recovered ``high_water_mark``: commit what it kept, fail the rest."""
