@@ -39,6 +39,7 @@ from waltz_core.coordination import open_coordination
 from waltz_core.coordination.recipes import read_assignment
 from waltz_core.errors import WaltzError
 from waltz_core.perf.driver import ProduceOptions, produce, start_client
+from waltz_core.timeouts import wait_for
 
 MIB = 1024 * 1024
 
@@ -112,7 +113,7 @@ async def recovery_after_kill(spec: ClusterSpec, cluster: ProcessCluster, partit
             await asyncio.sleep(0.1)
     finally:
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        await wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         await client.close()
     waits = sorted(first_after[p] - killed_at for p in owned if p in first_after)
     return {"server": f"server-{victim}", "partitions_moved": len(owned), "recovered": len(waits),

@@ -45,6 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 import attrs
 
 from .metrics import MetricsRegistry, process_registry
+from .timeouts import wait_for
 
 log = logging.getLogger("waltz.http")
 
@@ -224,7 +225,7 @@ class HttpEndpoint:
         assert self._main_loop is not None
         future = asyncio.run_coroutine_threadsafe(fn(), self._main_loop)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), LOOP_ANSWER_TIMEOUT)
+            return await wait_for(asyncio.wrap_future(future), LOOP_ANSWER_TIMEOUT)
         finally:
             future.cancel()
 
@@ -232,7 +233,7 @@ class HttpEndpoint:
         method = "GET"
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                head = await wait_for(reader.readuntil(b"\r\n\r\n"), 10)
                 request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
                 method, target, _version = request_line.split(" ", 2)
             except (ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError) as exc:

@@ -23,6 +23,7 @@ from ..client.api import Transaction, TransactionBuilder, TransactionContext, Wa
 from ..client.core import AsyncWaltzClient
 from ..config import ClientProcessConfig
 from ..locks.lock_id import PartitionLocalLock
+from ..timeouts import wait_for
 
 VALIDATE_LOCK = PartitionLocalLock("validate-lock", 0)
 
@@ -178,7 +179,7 @@ async def validate(config: ClientProcessConfig, *, clients: int = 4, txn_per_cli
                 done: asyncio.Future[None] = loop.create_future()
                 pending.append(done)
                 await client.submit(_ValidateTxn(r.choice(partitions), result, done))
-            await asyncio.wait_for(asyncio.gather(*pending), timeout)
+            await wait_for(asyncio.gather(*pending), timeout)
             await client.flush()
 
         await asyncio.gather(*(produce(p, random.Random(rng.randrange(2**32))) for p in producers))
@@ -197,7 +198,7 @@ async def validate(config: ClientProcessConfig, *, clients: int = 4, txn_per_cli
                 break
             checker.changed.clear()
             try:
-                await asyncio.wait_for(checker.changed.wait(), 0.5)
+                await wait_for(checker.changed.wait(), 0.5)
             except TimeoutError:
                 pass
     result.seconds = time.monotonic() - t0

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClientClosedError, ClientError
+from ..timeouts import wait_for
 from .dispatch import Dispatcher, is_awaitable, name_of
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class ClientContext:
         ev = self._changed
         assert ev is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout)
+            await wait_for(ev.wait(), timeout)
         ev.clear()
 
     # ------------------------------------------------------------------------------ tasks

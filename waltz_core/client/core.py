@@ -50,6 +50,7 @@ from ..metrics import MetricsRegistry
 from ..plugins import core_version
 from ..protocol.session import SessionState
 from ..runtime import Runtime
+from ..timeouts import wait_for
 from ..transport import is_plaintext, open_transport
 from .api import TransactionContext, WaltzClientCallbacks
 from .applier import Applier
@@ -287,7 +288,7 @@ class AsyncWaltzClient:
                 if p.state is not _INACTIVE:
                     await p.ready.wait()
         try:
-            await asyncio.wait_for(all_ready(), timeout)
+            await wait_for(all_ready(), timeout)
         except TimeoutError:
             waiting = sorted(pid for pid, p in self._partitions.items()
                              if p.state is not _INACTIVE and not p.ready.is_set())

@@ -26,6 +26,7 @@ from ..errors import ClientClosedError, ConnectionClosedError, ProtocolError, Tr
 from ..protocol import CLIENT
 from ..protocol.client import unpack_feed_batch, unpack_feed_data, unpack_lock_failure
 from ..protocol.wire import ReqId
+from ..timeouts import wait_for
 from ..transport import MessageChannel
 from ..transport.base import Transport
 
@@ -194,7 +195,7 @@ class ServerLink:
         self._rpc_waiters[msg.req_id] = fut
         try:
             await channel.send(msg)
-            return await asyncio.wait_for(fut, timeout)
+            return await wait_for(fut, timeout)
         finally:
             self._rpc_waiters.pop(msg.req_id, None)
 

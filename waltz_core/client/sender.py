@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from ..errors import ClientAheadError, ClientClosedError, ClientError, ClientTimeoutError
 from ..protocol import client as m
 from ..protocol.session import LockFailed, SessionState
+from ..timeouts import wait_for
 from .api import TransactionBuilder, TransactionContext
 from .dispatch import is_awaitable
 from .partition import Partition, Pending, handed
@@ -167,7 +168,7 @@ class Sender:
                 if remaining is not None and remaining <= 0:
                     raise ClientTimeoutError(f"partition {pid} not mounted within {timeout}s")
                 try:
-                    await asyncio.wait_for(p.ready.wait(), remaining)
+                    await wait_for(p.ready.wait(), remaining)
                 except TimeoutError:
                     raise ClientTimeoutError(f"partition {pid} not mounted within {timeout}s") from None
                 continue
@@ -177,7 +178,7 @@ class Sender:
             slot: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             p.slot_waiters.append(slot)
             try:
-                await asyncio.wait_for(slot, SLOT_WAIT)
+                await wait_for(slot, SLOT_WAIT)
             except TimeoutError:
                 if not p.session.flushing:  # original: after 10 s the client flushes and tries again
                     self.send_flush(p)

@@ -44,6 +44,7 @@ import attrs
 from ..config import CoordinationConfig
 from ..errors import CasConflictError, CoordinationError, NodeExistsError, NoNodeError, SessionLostError
 from ..retry import RetryPolicy
+from ..timeouts import wait_for
 from .base import SessionState, Versioned
 
 log = logging.getLogger("waltz.coordination.local")
@@ -304,7 +305,7 @@ class LocalCoordination:
         interval = max(self._timeout / 3.0, 0.01)
         while True:
             try:
-                await asyncio.wait_for(self._wake_heartbeat.wait(), interval)
+                await wait_for(self._wake_heartbeat.wait(), interval)
             except TimeoutError:
                 pass
             self._wake_heartbeat.clear()

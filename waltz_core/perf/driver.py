@@ -35,6 +35,7 @@ from ..client.api import Transaction
 from ..config import ClientProcessConfig
 from ..errors import WaltzError
 from ..inbox import Inbox
+from ..timeouts import wait_for
 from . import timeline
 from .cluster import StorageCounters, scrape_storages
 from .cpu import CpuSample
@@ -336,7 +337,7 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
         await asyncio.gather(*tasks, return_exceptions=True)
         for client in clients:
             try:
-                await asyncio.wait_for(client.flush(), options.drain_timeout)
+                await wait_for(client.flush(), options.drain_timeout)
             except TimeoutError:
                 pass
         return run.result
@@ -359,7 +360,7 @@ async def _tick_until(run: _Run, t0: float, end: float | None, stop: asyncio.Eve
             await asyncio.sleep(step)
         else:
             try:
-                await asyncio.wait_for(stop.wait(), step)
+                await wait_for(stop.wait(), step)
             except TimeoutError:
                 pass
     if progress is not None:
@@ -516,7 +517,7 @@ async def consume(config: ClientProcessConfig, partition: int, *, with_data: boo
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"consumed {result.transactions} of {target} transactions in {timeout}s")
             try:
-                await asyncio.wait_for(callbacks.done.wait(), 0.2)
+                await wait_for(callbacks.done.wait(), 0.2)
             except TimeoutError:
                 pass
         result.elapsed = time.perf_counter() - start

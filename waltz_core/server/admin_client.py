@@ -14,6 +14,7 @@ from ..errors import ClientTimeoutError, ConnectionClosedError
 from ..protocol import CLIENT
 from ..protocol import client as m
 from ..protocol.wire import ReqId
+from ..timeouts import wait_for
 from ..transport.base import Transport
 from ..transport.channel import MessageChannel
 
@@ -27,7 +28,7 @@ class ServerAdminClient:
 
     @classmethod
     async def connect(cls, transport: Transport, address: str, timeout: float = 10.0) -> ServerAdminClient:
-        conn = await asyncio.wait_for(transport.connect(address), timeout)
+        conn = await wait_for(transport.connect(address), timeout)
         channel = await MessageChannel.open(conn, CLIENT, "waltz-admin", timeout)
         return cls(channel, timeout)
 
@@ -40,7 +41,7 @@ class ServerAdminClient:
             await self._channel.send(make(req_id))
             try:
                 while True:
-                    msg = await asyncio.wait_for(self._channel.recv(), self._timeout)
+                    msg = await wait_for(self._channel.recv(), self._timeout)
                     if isinstance(msg, response_type) and msg.req_id == req_id:
                         return msg
             except TimeoutError:
@@ -74,6 +75,6 @@ class ServerAdminClient:
             req_id = ReqId(-1, -1, partition_id, next(self._seq))
             await self._channel.send(m.HighWaterMarkRequest(req_id))
             while True:
-                msg = await asyncio.wait_for(self._channel.recv(), self._timeout)
+                msg = await wait_for(self._channel.recv(), self._timeout)
                 if isinstance(msg, m.HighWaterMarkResponse) and msg.req_id == req_id:
                     return int(msg.transaction_id)

@@ -23,6 +23,7 @@ from ..coordination.recipes import StoreMetadata
 from ..errors import CasConflictError, GenerationMismatchError, WaltzError
 from ..retry import RetryPolicy
 from ..storage.client import DEFAULT_REQUEST_TIMEOUT, StorageClient
+from ..timeouts import wait_for
 from ..transport.base import Transport
 
 log = logging.getLogger("waltz.server")
@@ -119,7 +120,7 @@ class StorageConnector:
 
     async def _attempt(self, node: _Node) -> StorageClient | None:
         try:
-            client = await asyncio.wait_for(
+            client = await wait_for(
                 StorageClient.connect(self.transport, node.endpoint, self.cluster_key, self.num_partitions, self.role,
                                       request_timeout=self.request_timeout,
                                       on_failure=lambda exc: self._lost(node, exc)),

@@ -30,6 +30,7 @@ from ..coordination.metadata import UNRESOLVED, ReplicaState
 from ..errors import CasConflictError, GenerationMismatchError, PartitionNotReadyError, PluginError, WaltzError
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
 from ..retry import RetryPolicy
+from ..timeouts import wait_for
 from .recovery import Recovery
 from .replica import ReplicaApi
 from .vote import quorum_of
@@ -487,7 +488,7 @@ class ReplicatedStore:
     async def _supervise(self) -> None:
         while not self._closed:
             try:
-                await asyncio.wait_for(self._restart.wait(), PROBE_INTERVAL)
+                await wait_for(self._restart.wait(), PROBE_INTERVAL)
             except TimeoutError:
                 await self._probe_missing_replicas()
                 continue

@@ -25,6 +25,7 @@ from ..coordination.metadata import UNRESOLVED
 from ..coordination.recipes import StoreMetadata, list_servers, read_assignment
 from ..errors import WaltzError
 from ..storage.client import StorageAdminClient
+from ..timeouts import wait_for
 from ..transport.base import Transport
 from .admin_client import ServerAdminClient
 from .vote import quorum_of
@@ -85,10 +86,10 @@ async def verify(backend: CoordinationBackend, root: str, transport: Transport,
         if admin is None:
             return None
         try:
-            client = await asyncio.wait_for(
+            client = await wait_for(
                 StorageAdminClient.connect(transport, admin, params.cluster_key, params.num_partitions), timeout)
             try:
-                return await asyncio.wait_for(client.assigned_partition_status(), timeout)
+                return await wait_for(client.assigned_partition_status(), timeout)
             finally:
                 await client.close()
         except (WaltzError, OSError, TimeoutError):

@@ -66,6 +66,7 @@ from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
 from ..protocol.wire import Record, RecordBatch, SessionInfo
+from ..timeouts import wait_for
 from ..transport.base import Connection
 from ..transport.channel import MessageChannel
 from .format import FLAG_ASSIGNED, FLAG_AVAILABLE, PartitionInfo
@@ -1332,7 +1333,7 @@ async def _write_loop(channel: MessageChannel, outbox: _Outbox) -> None:
 async def _drain_and_close(channel: MessageChannel, outbox: _Outbox, writer: asyncio.Task[None]) -> None:
     outbox.close()
     try:
-        await asyncio.wait_for(writer, 5.0)
+        await wait_for(writer, 5.0)
     except (TimeoutError, asyncio.CancelledError):
         writer.cancel()
     await channel.close()

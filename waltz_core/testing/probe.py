@@ -31,6 +31,7 @@ from ..protocol.session import RemountLater, Session, SessionState
 from ..protocol.wire import ReqId, crc32
 from ..retry import RetryPolicy
 from ..runtime import Runtime
+from ..timeouts import wait_for
 from ..transport import MessageChannel, open_transport
 from ..transport.base import Transport
 
@@ -108,7 +109,7 @@ class PartitionProbe:
         self._connections += 1
         await channel.send(session.mount(self._connections))
         while session.state is SessionState.MOUNTING:
-            await self._receive(await asyncio.wait_for(channel.recv(), 30))
+            await self._receive(await wait_for(channel.recv(), 30))
         return session.state is SessionState.READY  # NOT_READY, CLIENT_AHEAD: try again
 
     async def _receive(self, msg: object) -> None:
@@ -157,7 +158,7 @@ class PartitionProbe:
                 flush = session.flush()
                 await channel.send(flush)
                 while not session.flush_done(flush.req_id.seq_num):  # answered, and the feed reached it
-                    await self._receive(await asyncio.wait_for(channel.recv(), 10))
+                    await self._receive(await wait_for(channel.recv(), 10))
             except (WaltzError, TimeoutError, OSError) as exc:
                 log.info("probe write interrupted (%s); reconnecting", exc)
                 await self._close()
@@ -174,7 +175,7 @@ class PartitionProbe:
                 await self.connect(max(1.0, deadline - time.monotonic()))
             assert self._channel is not None
             try:
-                await self._receive(await asyncio.wait_for(self._channel.recv(), max(0.1, deadline - time.monotonic())))
+                await self._receive(await wait_for(self._channel.recv(), max(0.1, deadline - time.monotonic())))
             except ConnectionClosedError:
                 if time.monotonic() > deadline:
                     raise

@@ -8,11 +8,11 @@ chose. The rules of a session (remounts, failover) are :class:`~.probe.Partition
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..protocol import client as m
 from ..protocol.wire import ReqId, crc32
+from ..timeouts import wait_for
 from ..transport import MessageChannel
 
 
@@ -38,7 +38,7 @@ class RawStream:
         feed batch answers ``kind=FeedData`` with its last record. ``TimeoutError`` after
         ``timeout`` seconds without a message."""
         while True:
-            msg = await asyncio.wait_for(self.ch.recv(), timeout)
+            msg = await wait_for(self.ch.recv(), timeout)
             self.seen.add(type(msg))
             if type(msg) is m.FeedData:
                 self.feed.append(msg)

@@ -46,6 +46,7 @@ from waltz_core.errors import (
     NoNodeError,
     SessionLostError,
 )
+from waltz_core.timeouts import wait_for
 
 from .options import ZooKeeperOptions, parse_acl_entry
 
@@ -221,7 +222,7 @@ class ZooKeeperBackend:
             zk.remove_listener(self._on_kazoo_state)
             try:
                 # kazoo's stop joins its connection thread; never let a wedged one hang the caller.
-                await asyncio.wait_for(asyncio.to_thread(self._stop_client, zk), max(10.0, self.session_timeout))
+                await wait_for(asyncio.to_thread(self._stop_client, zk), max(10.0, self.session_timeout))
             except TimeoutError:
                 log.warning("zookeeper: client for %s did not stop within %.0fs", self.connect,
                             max(10.0, self.session_timeout))
@@ -284,7 +285,7 @@ class ZooKeeperBackend:
             zk = self.client
             try:
                 # kazoo drops queued requests when a session expires: bound the wait.
-                return await asyncio.wait_for(self._request(functools.partial(start_async, zk)), self.session_timeout)
+                return await wait_for(self._request(functools.partial(start_async, zk)), self.session_timeout)
             except _TRANSIENT as exc:
                 if not retry or time.monotonic() >= deadline:
                     raise _translate(exc, key) from exc
@@ -301,7 +302,7 @@ class ZooKeeperBackend:
         while True:
             zk = self.client
             try:
-                value = await asyncio.wait_for(self._request(functools.partial(attempt, zk)), self.session_timeout)
+                value = await wait_for(self._request(functools.partial(attempt, zk)), self.session_timeout)
                 return value, maybe_applied
             except _TRANSIENT as exc:
                 maybe_applied = True
@@ -318,7 +319,7 @@ class ZooKeeperBackend:
         remaining = deadline - time.monotonic()
         if remaining > 0:
             try:
-                await asyncio.wait_for(self._connected.wait(), remaining)
+                await wait_for(self._connected.wait(), remaining)
             except TimeoutError:
                 pass
 
@@ -370,7 +371,7 @@ class ZooKeeperBackend:
             try:
                 create = functools.partial(zk.create_async, prefix, value, ephemeral=ephemeral, sequence=True,
                                            makepath=True)
-                path = await asyncio.wait_for(self._request(create), self.session_timeout)
+                path = await wait_for(self._request(create), self.session_timeout)
                 return str(path)
             except _TRANSIENT as exc:
                 if time.monotonic() >= deadline:

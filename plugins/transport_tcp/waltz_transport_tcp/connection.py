@@ -30,6 +30,7 @@ from waltz_core.errors import (
     TransportError,
 )
 from waltz_core.protocol.framing import HEARTBEAT, LENGTH, FrameDecoder, encode_frames
+from waltz_core.timeouts import wait_for
 
 from .options import TcpOptions
 from .tls import describe_tls_error, looks_like_tls
@@ -209,7 +210,7 @@ class TcpConnection(asyncio.BufferedProtocol):
             transport.close()
         if not self._lost.done():
             try:
-                await asyncio.wait_for(asyncio.shield(self._lost), self._opts.close_timeout)
+                await wait_for(asyncio.shield(self._lost), self._opts.close_timeout)
             except TimeoutError:
                 log.warning("connection to %s: unsent data not flushed within %ss, aborting",
                             self._peer, self._opts.close_timeout)

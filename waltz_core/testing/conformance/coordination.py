@@ -71,6 +71,7 @@ from ...errors import (
     NoNodeError,
 )
 from ...runtime import Runtime
+from ...timeouts import wait_for
 from . import KitRuntime
 
 BackendFactory = Callable[[], Awaitable[CoordinationBackend]]
@@ -130,7 +131,7 @@ class CoordinationConformance(KitRuntime):
         """``expire_session`` with a bound: a backend that never confirms the expiry fails the test
         with a clear message instead of hanging it."""
         try:
-            await asyncio.wait_for(self.expire_session(backend), max(30.0, self.event_timeout))
+            await wait_for(self.expire_session(backend), max(30.0, self.event_timeout))
         except TimeoutError:
             pytest.fail(f"expire_session({backend!r}) did not return within {max(30.0, self.event_timeout)}s")
 
@@ -586,7 +587,7 @@ class CoordinationConformance(KitRuntime):
             assert [d.server_id for d in descriptors] == [manager.server_id]
             assert descriptors[0].preferred_partitions == (2,)
         finally:
-            await asyncio.wait_for(manager.close(), self.event_timeout)
+            await wait_for(manager.close(), self.event_timeout)
 
     async def test_recipe_id_allocation(self, client: CoordinationBackend, other: CoordinationBackend, root: str) -> None:
         from ...coordination import recipes

@@ -51,6 +51,7 @@ import pytest
 from ...config import TransportConfig, backend_options
 from ...errors import ConnectError, ConnectionClosedError, FrameTooLargeError, PeerTimeoutError, ProtocolError
 from ...runtime import Runtime
+from ...timeouts import wait_for
 from ...transport.base import Connection, ConnectionHandler, Listener, Transport
 from . import KitRuntime
 
@@ -300,7 +301,7 @@ class TransportConformance(KitRuntime):
         client, server = pair
         for i in range(20):
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(client.recv(), 0.01)
+                await wait_for(client.recv(), 0.01)
             await server.send(b"frame-%d" % i)
             async with asyncio.timeout(STEP_TIMEOUT):
                 assert await client.recv() == b"frame-%d" % i

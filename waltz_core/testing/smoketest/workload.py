@@ -37,6 +37,7 @@ from ...protocol import client as m
 from ...protocol.session import ClientAhead, LockFailed, Mounted, RemountLater, Session, SessionState
 from ...protocol.wire import crc32
 from ...retry import RetryPolicy
+from ...timeouts import wait_for
 from ...transport import MessageChannel
 from ..checker import LogEntry
 from ..history import FAIL, OK, UNKNOWN, HistoryWriter, req_key
@@ -129,18 +130,18 @@ class PartitionWorker:
                 break
             await self.disconnect()
             try:
-                owner = await asyncio.wait_for(self._owner(), 5)
+                owner = await wait_for(self._owner(), 5)
                 if owner is not None:
                     endpoint, generation = owner
                     self._session.bind(generation)
                     # A connect on a LAN that has not completed in a second will not: re-read the
                     # owner instead (the partition may have moved off a host that vanished).
-                    conn = await asyncio.wait_for(self.transport.connect(endpoint), 1)
+                    conn = await wait_for(self.transport.connect(endpoint), 1)
                     self._channel = await MessageChannel.open(conn, CLIENT, f"smoke-{self.client_id}", timeout=5)
                     self._reader = asyncio.ensure_future(self._read(self._channel))
                     self._mounted = asyncio.get_running_loop().create_future()
                     await self._channel.send(self._session.mount(next(self._mounts)))
-                    state = await asyncio.wait_for(asyncio.shield(self._mounted), 10)
+                    state = await wait_for(asyncio.shield(self._mounted), 10)
                     if state is m.PartitionState.READY:
                         return True
                     if state is m.PartitionState.CLIENT_AHEAD:
@@ -226,7 +227,7 @@ class PartitionWorker:
         try:
             await channel.send(m.AppendRequest(req, hwm, locks, (), (), encode_transfer(a, b, amt), payload,
                                                crc32(payload)))
-            outcome, txn = await asyncio.wait_for(asyncio.shield(fut), self.op_timeout)
+            outcome, txn = await wait_for(asyncio.shield(fut), self.op_timeout)
         except (WaltzError, OSError, TimeoutError):
             outcome, txn = UNKNOWN, None
         if self.history is not None:
@@ -264,7 +265,7 @@ class PartitionWorker:
                         raise OSError("connection lost")
                     if self._session.flush_done(flush.req_id.seq_num):
                         break
-                    await asyncio.wait_for(self._progress.wait(), max(0.1, deadline - time.monotonic()))
+                    await wait_for(self._progress.wait(), max(0.1, deadline - time.monotonic()))
                 break
             except (WaltzError, OSError, TimeoutError):
                 continue
