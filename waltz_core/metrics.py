@@ -101,6 +101,11 @@ class Gauge:
         yield name, _labels_text(self.labels), self.read()
 
 
+#: :meth:`Histogram.observe_many` sorts batches of this many values or more (measured: below
+#: about 8, a bisection of the bounds per value costs less than sorting and a bisection per bucket)
+OBSERVE_SORTED_FROM: Final = 8
+
+
 class Histogram:
     """Observations in fixed buckets (seconds by default), with sum and count."""
 
@@ -121,9 +126,16 @@ class Histogram:
 
     def observe_many(self, values: Sequence[float]) -> None:
         """:meth:`observe` of each value (a batch's: one call)."""
+        n = len(values)
+        if n < OBSERVE_SORTED_FROM:  # a bisection each costs less than sorting (batches of 1 at many partitions)
+            counts, bounds, at = self.counts, self.bounds, bisect.bisect_left
+            for value in values:
+                counts[at(bounds, value)] += 1
+            self.sum += sum(values)
+            self.count += n
+            return
         # Sorted, each bucket's share is a bisection: one step per bucket reached, not per value.
         ordered = sorted(values)
-        n = len(ordered)
         counts, upto = self.counts, bisect.bisect_right
         below = 0  # values at or under the previous bound
         for i, bound in enumerate(self.bounds):
