@@ -1,8 +1,10 @@
-"""waltz_core.timeouts.wait_for: asyncio.wait_for's behaviour, without 3.11's lost cancellation."""
+"""waltz_core.timeouts: asyncio.wait_for's behaviour without 3.11's lost cancellation, and stopping a task
+without swallowing the caller's own."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from waltz_core.timeouts import wait_for
+from waltz_core.timeouts import cancel_and_wait, wait_for
 
 WaitFor = Callable[[Awaitable[Any], float | None], Coroutine[Any, Any, Any]]
 
@@ -107,3 +109,63 @@ async def test_a_result_that_arrives_as_the_deadline_fires_stays_in_the_future()
     with pytest.raises(TimeoutError):
         await wait_for(fut, 0.03)
     assert fut.done() and not fut.cancelled() and fut.result() is True
+
+
+def _slow_to_stop(cleanup: float, error: BaseException | None = None) -> asyncio.Task[None]:
+    """A task that, once cancelled, takes ``cleanup`` seconds to end (then raises ``error``, if any)."""
+
+    async def run() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(cleanup)
+            if error is not None:
+                raise error from None
+            raise
+
+    return asyncio.create_task(run())
+
+
+async def test_cancel_and_wait_returns_once_the_task_has_ended() -> None:
+    task = _slow_to_stop(0.02)
+    await asyncio.sleep(0)
+    await cancel_and_wait(task)
+    assert task.cancelled()
+
+
+async def test_cancel_and_wait_raises_what_the_task_ended_with() -> None:
+    task = _slow_to_stop(0.0, ValueError("cleanup failed"))
+    await asyncio.sleep(0)
+    with pytest.raises(ValueError, match="cleanup failed"):
+        await cancel_and_wait(task)
+
+
+@pytest.mark.parametrize("careful", [True, False])
+async def test_a_close_that_is_cancelled_while_it_waits_for_its_task_is_cancelled(careful: bool) -> None:
+    # close() cancels its worker and waits for it; meanwhile close()'s own caller is cancelled.
+    # With suppress(CancelledError) that second cancellation is swallowed and close() returns as if
+    # nothing happened (careful=False shows it); cancel_and_wait lets it through.
+    worker = _slow_to_stop(0.2)
+    closed_normally: list[bool] = []
+
+    async def close() -> None:
+        if careful:
+            await cancel_and_wait(worker)
+        else:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        closed_normally.append(True)
+
+    await asyncio.sleep(0)
+    closer = asyncio.create_task(close())
+    await asyncio.sleep(0.05)  # close() is waiting for the worker's cleanup
+    closer.cancel()
+    await asyncio.wait((closer,), timeout=5)
+    assert closer.done()
+    if careful:
+        assert closer.cancelled() and not closed_normally
+    else:
+        assert not closer.cancelled() and closed_normally == [True]
+    await asyncio.wait((worker,), timeout=5)
+    assert worker.cancelled()  # the worker still ended on its own

@@ -1,4 +1,4 @@
-"""Awaiting with a deadline without losing a cancellation.
+"""Awaiting with a deadline, and stopping a task, without losing a cancellation.
 
 On Python 3.11, :func:`asyncio.wait_for` answers a cancellation that arrives in the same loop
 step as the awaited future's result with that result: the ``CancelledError`` is lost and the task
@@ -12,13 +12,17 @@ Waltz code awaits with a deadline through :func:`wait_for` (ruff's banned-api ru
 a plain ``await``, so a task cancelled while the awaited future completes raises
 ``CancelledError`` whether or not the future is done. A coroutine runs in the calling task, not
 in a task of its own, which also saves a task per call.
+
+:func:`cancel_and_wait` stops a task the same careful way: ``with suppress(CancelledError): await
+task`` also swallows a cancellation of the caller that arrives while it waits, and the caller then
+runs on as if nobody had cancelled it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -31,3 +35,14 @@ async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
     """
     async with asyncio.timeout(timeout):
         return await aw
+
+
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended. An exception it ended with (other than its
+    cancellation) is raised, as awaiting it would; a cancellation of the caller propagates."""
+    task.cancel()
+    await asyncio.wait((task,))  # a cancelled caller stops waiting; the task still ends on its own
+    if not task.cancelled():
+        exc = task.exception()
+        if exc is not None:
+            raise exc

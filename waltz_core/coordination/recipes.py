@@ -33,6 +33,7 @@ from ..errors import (
     NoNodeError,
 )
 from ..retry import RetryPolicy
+from ..timeouts import cancel_and_wait
 from .assignment import compute_assignment
 from .base import CoordinationBackend, SessionState, WatchHandle
 from .metadata import (
@@ -584,9 +585,7 @@ class ClusterManager:
         if self._watch is not None:
             self._watch.cancel()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._registered_key is not None:
             try:
                 await self.backend.delete(self._registered_key)
@@ -716,9 +715,7 @@ class AssignmentWatcher:
             self._watch.cancel()
             self._watch = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:

@@ -51,6 +51,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from waltz_core.config import TransportConfig
 from waltz_core.errors import ConnectError, ProtocolError, TransportError
+from waltz_core.timeouts import cancel_and_wait
 from waltz_core.transport.base import ConnectionHandler
 
 from . import keys, wire
@@ -230,9 +231,7 @@ class ZmqListener:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        await cancel_and_wait(self._reader)
         self._router.close(linger=0)
         self._transport.forget_listener(self)
 
