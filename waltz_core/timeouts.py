@@ -4,8 +4,8 @@ On Python 3.11, :func:`asyncio.wait_for` answers a cancellation that arrives in 
 step as the awaited future's result with that result: the ``CancelledError`` is lost and the task
 runs on (CPython gh-86296, fixed in 3.12 by building ``wait_for`` on ``asyncio.timeout``). A
 ``close()`` that cancels a task and then awaits it waits forever when that task goes back to
-waiting for work. The test suite met it once: a ZooKeeper reply and a cluster manager's
-``close()`` in one loop step left the test's loop with nothing to run.
+waiting for work. The test suite hung once in the ZooKeeper conformance kit with its loop idle
+and nothing left to wake it, which is what this race leaves behind.
 
 Waltz code awaits with a deadline through :func:`wait_for` (ruff's banned-api rule keeps
 ``asyncio.wait_for`` out of the packages). It is 3.12's construction: ``asyncio.timeout`` around
