@@ -104,6 +104,37 @@ def test_every_metric_kind_renders_as_typed_families() -> None:
     assert MetricsRegistry().render_prometheus() == ""
 
 
+def test_renders_follow_values_and_metrics_that_come_and_go() -> None:
+    # Each metric keeps the text of its lines before the value from its first render: the values,
+    # and metrics added or removed after it, must still show in the next render.
+    r = MetricsRegistry("waltz_test")
+    c = r.counter("appends", "Appends.", {"partition": "0"})
+    g = r.gauge("lag", "Lag.", {"partition": "0"})
+    h = r.histogram("latency_seconds", "Latency.", {"partition": "0"}, buckets=(0.001, 1))
+
+    def values() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        parsed = check(r.render_prometheus())
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in parsed.values() for s in f.samples}
+
+    first = values()
+    assert first[("waltz_test_appends_total", (("partition", "0"),))] == 0
+    assert first[("waltz_test_latency_seconds_count", (("partition", "0"),))] == 0
+    c.inc(5)
+    g.set(2.5)
+    h.observe_many([0.0005, 0.5, 0.7, 3.0])
+    r.counter("appends", "Appends.", {"partition": "1"}).inc()
+    second = values()
+    assert second[("waltz_test_appends_total", (("partition", "0"),))] == 5
+    assert second[("waltz_test_appends_total", (("partition", "1"),))] == 1
+    assert second[("waltz_test_lag", (("partition", "0"),))] == 2.5
+    assert second[("waltz_test_latency_seconds_bucket", (("le", "0.001"), ("partition", "0")))] == 1
+    assert second[("waltz_test_latency_seconds_bucket", (("le", "1.0"), ("partition", "0")))] == 3
+    assert second[("waltz_test_latency_seconds_bucket", (("le", "+Inf"), ("partition", "0")))] == 4
+    assert second[("waltz_test_latency_seconds_sum", (("partition", "0"),))] == pytest.approx(4.2005)
+    r.remove({"partition": "0"})
+    assert set(values()) == {("waltz_test_appends_total", (("partition", "1"),))}
+
+
 @pytest.mark.parametrize("make", [
     lambda r: r.counter("appends_total"), lambda r: r.gauge("appends_total"), lambda r: r.gauge("bad-name"),
 ])

@@ -45,6 +45,11 @@ def _escape_help(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n")
 
 
+def _le(bound: float) -> str:
+    """A bucket's ``le`` label."""
+    return f'le="{_num(float(bound))}"'
+
+
 def _num(v: float) -> str:
     if isinstance(v, int):
         return str(v)
@@ -58,47 +63,47 @@ def _num(v: float) -> str:
 _NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # ":" is for recording rules
 
 
-class Counter:
-    """A monotonically increasing count, incremented or read from a callback at render time (a
-    count the owner keeps as a plain int anyway)."""
+class _Value:
+    """One number with labels, kept here or read from a callback at render time."""
 
-    __slots__ = ("labels", "value", "_fn")
-    kind = "counter"
+    __slots__ = ("labels", "value", "_fn", "_head")
 
     def __init__(self, labels: Mapping[str, str], fn: Callable[[], float] | None = None) -> None:
         self.labels = dict(labels)
         self.value: float = 0
         self._fn = fn
+        self._head: tuple[str, str] = ("", "")  #: (name, its sample line up to the value), made at first render
+
+    def read(self) -> float:
+        return self._fn() if self._fn is not None else self.value
+
+    def render_into(self, name: str, out: list[str]) -> None:
+        """Append this metric's sample line to ``out`` (the text before the value is made once)."""
+        head = self._head
+        if head[0] != name:
+            self._head = head = (name, f"{name}{_labels_text(self.labels)} ")
+        out.append(head[1] + _num(self.read()))
+
+
+class Counter(_Value):
+    """A monotonically increasing count, incremented or read from a callback at render time (a
+    count the owner keeps as a plain int anyway)."""
+
+    __slots__ = ()
+    kind = "counter"
 
     def inc(self, n: int = 1) -> None:
         self.value += n
 
-    def read(self) -> float:
-        return self._fn() if self._fn is not None else self.value
 
-    def samples(self, name: str) -> Iterable[tuple[str, str, float]]:
-        yield name, _labels_text(self.labels), self.read()
-
-
-class Gauge:
+class Gauge(_Value):
     """A value that goes up and down, set directly or read from a callback at render time."""
 
-    __slots__ = ("labels", "value", "_fn")
+    __slots__ = ()
     kind = "gauge"
-
-    def __init__(self, labels: Mapping[str, str], fn: Callable[[], float] | None = None) -> None:
-        self.labels = dict(labels)
-        self.value: float = 0
-        self._fn = fn
 
     def set(self, value: float) -> None:
         self.value = value
-
-    def read(self) -> float:
-        return self._fn() if self._fn is not None else self.value
-
-    def samples(self, name: str) -> Iterable[tuple[str, str, float]]:
-        yield name, _labels_text(self.labels), self.read()
 
 
 #: :meth:`Histogram.observe_many` sorts batches of this many values or more (measured: below
@@ -109,7 +114,7 @@ OBSERVE_SORTED_FROM: Final = 8
 class Histogram:
     """Observations in fixed buckets (seconds by default), with sum and count."""
 
-    __slots__ = ("labels", "bounds", "counts", "sum", "count")
+    __slots__ = ("labels", "bounds", "counts", "sum", "count", "_head")
     kind = "histogram"
 
     def __init__(self, labels: Mapping[str, str], buckets: Iterable[float] = DEFAULT_BUCKETS) -> None:
@@ -118,6 +123,8 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
         self.count = 0
+        #: (name, bucket line heads, sum line head, count line head), made at first render
+        self._head: tuple[str, tuple[str, ...], str, str] = ("", (), "", "")
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
@@ -161,13 +168,20 @@ class Histogram:
                 return bound
         return math.inf
 
-    def samples(self, name: str) -> Iterable[tuple[str, str, float]]:
+    def render_into(self, name: str, out: list[str]) -> None:
+        """Append the bucket, sum and count lines to ``out`` (the text before each value is made
+        once: at hundreds of partitions, remaking it was most of a scrape's time)."""
+        head = self._head
+        if head[0] != name:
+            labels = _labels_text(self.labels)
+            buckets = tuple(f"{name}_bucket{_labels_text(self.labels, _le(bound))} " for bound in self.bounds + (math.inf,))
+            self._head = head = (name, buckets, f"{name}_sum{labels} ", f"{name}_count{labels} ")
         cumulative = 0
-        for bound, n in zip(self.bounds + (math.inf,), self.counts, strict=True):
+        for bucket, n in zip(head[1], self.counts):  # noqa: B905 - one head per bound, made from them
             cumulative += n
-            yield name + "_bucket", _labels_text(self.labels, f'le="{_num(float(bound))}"'), cumulative
-        yield name + "_sum", _labels_text(self.labels), self.sum
-        yield name + "_count", _labels_text(self.labels), self.count
+            out.append(f"{bucket}{cumulative}")
+        out.append(head[2] + _num(self.sum))
+        out.append(f"{head[3]}{self.count}")
 
 
 Metric = Counter | Gauge | Histogram
@@ -232,8 +246,7 @@ class MetricsRegistry:
             lines.append(f"# HELP {name} {_escape_help(help or full.replace('_', ' '))}")
             lines.append(f"# TYPE {name} {kind}")
             for metric in list(metrics.values()):
-                for sample, labels, value in metric.samples(name):
-                    lines.append(f"{sample}{labels} {_num(value)}")
+                metric.render_into(name, lines)
         return "\n".join(lines) + "\n" if lines else ""
 
     def snapshot(self) -> dict[str, list[dict[str, object]]]:
