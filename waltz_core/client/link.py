@@ -104,11 +104,6 @@ class ServerLink:
         self._wakeup.set()
         return True
 
-    def reset_stream(self) -> None:
-        """Close the current stream network client; a new one connects and re-mounts."""
-        if self._stream is not None:
-            asyncio.get_running_loop().create_task(self._stream.close())
-
     async def _connect(self) -> MessageChannel:
         # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation (close()) that arrives
         # as the connect completes, and the stream task then waited forever on its new connection.

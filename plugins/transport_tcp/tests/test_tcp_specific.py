@@ -79,6 +79,28 @@ async def test_socket_options_applied(enabled: bool) -> None:
     await listener.close()
 
 
+async def test_a_connection_accepted_as_the_listener_closes_is_closed_before_close_returns() -> None:
+    class SlowToClose:
+        closed = False
+
+        async def close(self) -> None:
+            await asyncio.sleep(0.05)
+            self.closed = True
+
+    listener = await TcpTransport().listen("127.0.0.1", 0, _hold)
+    late = SlowToClose()
+    server = listener._server  # type: ignore[attr-defined]
+    stop_listening = server.close
+
+    def stop_as_one_more_arrives() -> None:
+        stop_listening()
+        listener._accepted(late)  # type: ignore[attr-defined]
+
+    server.close = stop_as_one_more_arrives
+    await listener.close()
+    assert late.closed
+
+
 async def test_listen_on_a_busy_port_is_connect_error() -> None:
     transport = TcpTransport()
     listener = await transport.listen("127.0.0.1", 0, _hold)

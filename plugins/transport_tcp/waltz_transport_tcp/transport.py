@@ -44,6 +44,7 @@ class TcpListener:
         self._address = "?"
         self._conns: set[TcpConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[None]] = set()  #: closes of connections accepted as the listener closed
         self._closed = False
 
     @property
@@ -55,7 +56,9 @@ class TcpListener:
 
     def _accepted(self, conn: TcpConnection) -> None:
         if self._closed:  # accepted in the instant the listener closed
-            asyncio.get_running_loop().create_task(conn.close())
+            task = asyncio.get_running_loop().create_task(conn.close())
+            self._closing.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self._closing.discard)
             return
         self._conns.add(conn)
         task = asyncio.get_running_loop().create_task(self._run(conn), name=f"waltz-tcp-handler {conn.peer}")
@@ -99,6 +102,8 @@ class TcpListener:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
