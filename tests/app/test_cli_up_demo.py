@@ -107,6 +107,33 @@ def test_up_background_bank_stop_then_foreground_reuse_and_sigterm(tmp_path: Pat
     assert not any(alive(p) for p in children)
 
 
+def test_up_finds_the_processes_of_a_cluster_whose_pid_file_was_lost(tmp_path: Path) -> None:
+    # Without this, a second `waltz up` started processes that found their directories locked and
+    # exited while the running cluster answered for them: it reported a cluster started, and
+    # `--stop` then found nothing to stop and left the first cluster running.
+    data = tmp_path / "waltz-data"
+    up = waltz("up", "--background", "--data-dir", str(data), "--partitions", "1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    pids = json.loads((data / "waltz-up.pids").read_text())
+    try:
+        (data / "waltz-up.pids").unlink()
+        again = waltz("up", "--background", "--data-dir", str(data))
+        assert again.returncode == 1, again.stdout + again.stderr
+        assert f"processes of the cluster in {data.resolve()} are running: server-0 (pid {pids['server-0']})" \
+            in again.stderr
+        assert f"stop them with: waltz up --stop --data-dir {data.resolve()}" in again.stderr
+        assert sorted(cluster_processes(data)) == sorted(pids.values())  # nothing new started, nothing stopped
+    finally:
+        stop = waltz("up", "--stop", "--data-dir", str(data))
+        for pid in cluster_processes(data):
+            os.kill(pid, signal.SIGKILL)
+    assert stop.returncode == 0, stop.stderr
+    assert f"stopped storage-0 (pid {pids['storage-0']}, not in waltz-up.pids)" in stop.stdout
+    assert "stopped 4 processes" in stop.stdout
+    assert not any(alive(p) for p in pids.values())
+    assert "no running cluster" in waltz("up", "--stop", "--data-dir", str(data)).stdout
+
+
 def test_up_with_zookeeper_and_validate(tmp_path: Path, zookeeper_server: ZooKeeperServer) -> None:
     data = tmp_path / "zk-data"
     up = waltz("up", "--background", "--data-dir", str(data), "--coordination", "zookeeper", "--connect",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -90,6 +91,32 @@ def running_pids(data_dir: Path) -> dict[str, int]:
     return {name: pid for name, pid in pids.items() if _is_ours(pid, data_dir / f"{name}.toml")}
 
 
+_NODE_CONFIG = re.compile(r"(storage|server)-\d+\.toml")
+
+
+def cluster_processes(data_dir: Path) -> dict[str, int]:
+    """Live ``waltz storage start`` / ``waltz server start`` processes whose ``--config`` is one of
+    the node configs in ``data_dir``, by node name, found in /proc whatever started them: a
+    foreground ``waltz up``, or a background one whose pid file was lost. Empty without /proc."""
+    data_dir = data_dir.resolve()
+    found: dict[str, int] = {}
+    try:
+        entries = [e for e in Path("/proc").iterdir() if e.name.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "start" not in args or "--config" not in args[:-1]:
+            continue
+        config = Path(args[args.index("--config") + 1])
+        if config.parent == data_dir and _NODE_CONFIG.fullmatch(config.name) and _alive(int(entry.name)):
+            found[config.stem] = int(entry.name)
+    return found
+
+
 def _is_ours(pid: int, config_file: Path) -> bool:
     """True if ``pid`` is alive and is the waltz process started with ``config_file`` (pids get reused)."""
     try:
@@ -154,6 +181,14 @@ class LocalCluster:
         if running:
             raise WaltzError(f"a cluster is already running in {self.data_dir} (pids {sorted(running.values())}); "
                              f"stop it with: waltz up --stop --data-dir {self.data_dir}")
+        # Without a pid file too: a new process would find its node's directory locked and exit,
+        # while the running one answered in its place, and this cluster would look started.
+        running = cluster_processes(self.data_dir)
+        if running:
+            listed = ", ".join(f"{name} (pid {pid})" for name, pid in sorted(running.items()))
+            raise WaltzError(f"processes of the cluster in {self.data_dir} are running: {listed}, with no pid file of "
+                             f"a background waltz up (a foreground waltz up runs them, or {PID_FILE} was lost); "
+                             f"stop them with: waltz up --stop --data-dir {self.data_dir}")
         t0 = time.monotonic()
         try:
             asyncio.run(self._start())
@@ -168,6 +203,9 @@ class LocalCluster:
         await self.processes.start()
         await wait_served(self.spec.client_config(), self.spec.num_partitions, self.options.ready_timeout,
                           self.dead_process)
+        problem = self.dead_process()  # served, but maybe by someone else's process on the same ports
+        if problem:
+            raise WaltzError(problem)
 
     def dead_process(self) -> str | None:
         """A description of the first process that exited, with the end of its log, or None."""
@@ -211,13 +249,15 @@ def stop_background(data_dir: Path, timeout: float = 10.0, echo: Callable[[str],
     """Stop the ``--background`` cluster of ``data_dir``; returns how many processes were stopped."""
     data_dir = data_dir.resolve()
     pids = running_pids(data_dir)
+    unlisted = {name: pid for name, pid in cluster_processes(data_dir).items() if pid not in pids.values()}
     # servers first: they flush to the storage nodes and leave coordination cleanly
-    order = sorted(pids, key=lambda name: (not name.startswith("server"), name))
-    for name in order:
-        _terminate(pids[name], timeout)
-        echo(f"stopped {name} (pid {pids[name]})")
+    everyone = [(name, pid, "") for name, pid in pids.items()]
+    everyone += [(name, pid, f", not in {PID_FILE}") for name, pid in unlisted.items()]
+    for name, pid, note in sorted(everyone, key=lambda e: (not e[0].startswith("server"), e[0], e[1])):
+        _terminate(pid, timeout)
+        echo(f"stopped {name} (pid {pid}{note})")
     (data_dir / PID_FILE).unlink(missing_ok=True)
-    return len(pids)
+    return len(everyone)
 
 
 def _terminate(pid: int, timeout: float) -> None:
