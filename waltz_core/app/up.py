@@ -94,12 +94,12 @@ def running_pids(data_dir: Path) -> dict[str, int]:
 _NODE_CONFIG = re.compile(r"(storage|server)-\d+\.toml")
 
 
-def cluster_processes(data_dir: Path) -> dict[str, int]:
+def cluster_processes(data_dir: Path) -> list[tuple[str, int]]:
     """Live ``waltz storage start`` / ``waltz server start`` processes whose ``--config`` is one of
-    the node configs in ``data_dir``, by node name, found in /proc whatever started them: a
+    the node configs in ``data_dir``, as (node name, pid), found in /proc whatever started them: a
     foreground ``waltz up``, or a background one whose pid file was lost. Empty without /proc."""
     data_dir = data_dir.resolve()
-    found: dict[str, int] = {}
+    found: list[tuple[str, int]] = []
     try:
         entries = [e for e in Path("/proc").iterdir() if e.name.isdigit()]
     except OSError:
@@ -113,8 +113,8 @@ def cluster_processes(data_dir: Path) -> dict[str, int]:
             continue
         config = Path(args[args.index("--config") + 1])
         if config.parent == data_dir and _NODE_CONFIG.fullmatch(config.name) and _alive(int(entry.name)):
-            found[config.stem] = int(entry.name)
-    return found
+            found.append((config.stem, int(entry.name)))
+    return sorted(found)
 
 
 def _is_ours(pid: int, config_file: Path) -> bool:
@@ -183,9 +183,9 @@ class LocalCluster:
                              f"stop it with: waltz up --stop --data-dir {self.data_dir}")
         # Without a pid file too: a new process would find its node's directory locked and exit,
         # while the running one answered in its place, and this cluster would look started.
-        running = cluster_processes(self.data_dir)
-        if running:
-            listed = ", ".join(f"{name} (pid {pid})" for name, pid in sorted(running.items()))
+        unlisted = cluster_processes(self.data_dir)
+        if unlisted:
+            listed = ", ".join(f"{name} (pid {pid})" for name, pid in unlisted)
             raise WaltzError(f"processes of the cluster in {self.data_dir} are running: {listed}, with no pid file of "
                              f"a background waltz up (a foreground waltz up runs them, or {PID_FILE} was lost); "
                              f"stop them with: waltz up --stop --data-dir {self.data_dir}")
@@ -249,10 +249,10 @@ def stop_background(data_dir: Path, timeout: float = 10.0, echo: Callable[[str],
     """Stop the ``--background`` cluster of ``data_dir``; returns how many processes were stopped."""
     data_dir = data_dir.resolve()
     pids = running_pids(data_dir)
-    unlisted = {name: pid for name, pid in cluster_processes(data_dir).items() if pid not in pids.values()}
+    unlisted = [(name, pid) for name, pid in cluster_processes(data_dir) if pid not in pids.values()]
     # servers first: they flush to the storage nodes and leave coordination cleanly
     everyone = [(name, pid, "") for name, pid in pids.items()]
-    everyone += [(name, pid, f", not in {PID_FILE}") for name, pid in unlisted.items()]
+    everyone += [(name, pid, f", not in {PID_FILE}") for name, pid in unlisted]
     for name, pid, note in sorted(everyone, key=lambda e: (not e[0].startswith("server"), e[0], e[1])):
         _terminate(pid, timeout)
         echo(f"stopped {name} (pid {pid}{note})")
