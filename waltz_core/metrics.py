@@ -177,7 +177,7 @@ class Histogram:
             buckets = tuple(f"{name}_bucket{_labels_text(self.labels, _le(bound))} " for bound in self.bounds + (math.inf,))
             self._head = head = (name, buckets, f"{name}_sum{labels} ", f"{name}_count{labels} ")
         cumulative = 0
-        for bucket, n in zip(head[1], self.counts):  # noqa: B905 - one head per bound, made from them
+        for bucket, n in zip(head[1], self.counts, strict=True):
             cumulative += n
             out.append(f"{bucket}{cumulative}")
         out.append(head[2] + _num(self.sum))
