@@ -105,10 +105,8 @@ class ServerLink:
         return True
 
     async def _connect(self) -> MessageChannel:
-        # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation (close()) that arrives
-        # as the connect completes, and the stream task then waited forever on its new connection.
-        async with asyncio.timeout(self._connect_timeout):
-            conn = await self._transport.connect(self.endpoint)
+        # timeouts.wait_for: a close() that cancels as the connect completes is not lost (3.11)
+        conn = await wait_for(self._transport.connect(self.endpoint), self._connect_timeout)
         return await MessageChannel.open(conn, CLIENT, self._role, timeout=self._connect_timeout)
 
     async def _run_stream(self) -> None:
