@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -106,6 +107,33 @@ async def test_watch_replays_changes_made_after_the_last_read(etcd_server: EtcdS
         assert len(calls) == seen
     finally:
         await a.delete("/waltz-replay", recursive=True)
+        await a.close()
+        await b.close()
+
+
+async def test_a_watch_set_before_any_read_gets_a_change_made_while_its_stream_is_created(
+        etcd_server: EtcdServer) -> None:
+    # A fresh backend had seen no revision, so its first watch started "from now", i.e. from
+    # whenever the pool thread got the server watch made: a change in between was lost (the
+    # conformance kit's watch test timed out once in a full run). The stream is made slow here.
+    a = EtcdBackend(etcd_server.endpoints, session_timeout=3.0)
+    b = EtcdBackend(etcd_server.endpoints, session_timeout=3.0)
+    await a.start()
+    await b.start()
+    make_watch = a.client.add_watch_callback
+
+    def slowly(*args: object, **kwargs: object) -> int:
+        time.sleep(0.5)
+        return int(make_watch(*args, **kwargs))
+
+    a.client.add_watch_callback = slowly  # type: ignore[method-assign]
+    try:
+        calls: list[int] = []
+        a.watch("/waltz-first-watch/k", lambda: calls.append(1))
+        await b.create("/waltz-first-watch/k", b"x")
+        await eventually(lambda: bool(calls), 10, "the change made while the watch was being created")
+    finally:
+        await b.delete("/waltz-first-watch", recursive=True)
         await a.close()
         await b.close()
 

@@ -363,8 +363,14 @@ class EtcdBackend:
 
     # ---------------------------------------------------------------------------------- leases
     async def _grant_lease(self) -> None:
-        lease = await self._rpc("lease grant", lambda c: c.lease(self.ttl))
-        self._lease_id = lease.id
+        # The raw grant, for its header (pyetcd's lease() drops it): the revision it carries is
+        # where a watch set before any read starts. Without one it started "from now", when its
+        # stream was made on a pool thread, and missed a change made in between.
+        request = etcdrpc.LeaseGrantRequest(TTL=self.ttl, ID=0)
+        resp = await self._rpc("lease grant", lambda c: c.leasestub.LeaseGrant(
+            request, c.timeout, credentials=c.call_credentials, metadata=c.metadata))
+        self._seen(resp.header)
+        self._lease_id = int(resp.ID)
 
     async def _keep_lease_alive(self) -> None:
         """Refresh the lease every TTL/3; SUSPENDED while unreachable, LOST when it expired."""
