@@ -12,10 +12,16 @@ from pathlib import Path
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """``pwrite`` all of ``data`` at ``offset`` (the kernel may write less per call)."""
     view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
+    try:
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+    finally:
+        # A failed write's traceback keeps this frame: without the release a bytearray written
+        # here (a store's pending batches) stays exported and cannot be cleared while the
+        # failure is handled (BufferError instead of the OSError).
+        view.release()
 
 
 #: buffers per pwritev (Linux allows 1024)
