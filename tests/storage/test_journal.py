@@ -480,8 +480,15 @@ async def test_a_failed_journal_write_fails_the_appends_and_the_node_refuses_unt
             await c.append(1, 0, make_records(2, 2))
         with pytest.raises(StorageError, match="restart the storage node"):
             await c.max_transaction_id(1, 0)
+        # The operator sees it: /readyz says why, the gauge is 1.
+        ready, details = node.healthy()
+        assert not ready and any("the node journal failed" in r and "restart the storage node" in r
+                                 for r in details["reasons"]), details
+        assert "waltz_storage_journal_failed 1" in node.metrics.render_prometheus()
     # The restart replays what the journal held: the acknowledged records are there.
-    async with _journaled_node(tmp_path, cluster_key) as (_, c):
+    async with _journaled_node(tmp_path, cluster_key) as (node, c):
+        assert node.healthy()[0]
+        assert "waltz_storage_journal_failed 0" in node.metrics.render_prometheus()
         assert (await c.max_transaction_id(1, 0)) >= 1
         assert list(await c.record_list(1, 0, 0, 2)) == make_records(0, 2)
 

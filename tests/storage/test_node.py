@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +30,8 @@ from waltz_core.protocol import STORAGE
 from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
 from waltz_core.storage.node import StorageNode, _Item
+from waltz_core.testing import require
+from waltz_core.testing.faults import small_filesystem, small_filesystems_available
 from waltz_core.transport.channel import MessageChannel
 
 from .conftest import NodeHarness, io_thread_blocked, make_record, make_records
@@ -465,3 +469,93 @@ async def test_appends_of_several_partitions_in_one_message_get_one_answer(harne
     client = await harness.client()
     assert [await client.max_transaction_id(2, p) for p in (0, 1, 2)] == [14, 2, -1]
     assert [r.transaction_id for r in await client.record_list(2, 0, 0, 100)] == list(range(15))
+
+
+def test_a_failed_write_leaves_the_buffer_it_wrote_free_to_change() -> None:
+    """A full disk's ENOSPC comes out of pwrite_all as itself: the traceback it carries must not
+    keep the written bytearray (a store's batches gathered in memory) exported, or clearing it
+    while the failure is handled raises BufferError in its place (seen: the node journal then
+    failed with 'Existing exports of data: object cannot be re-sized')."""
+    from waltz_core.storage.files import pwrite_all
+
+    gathered = bytearray(b"records" * 100)
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as failure:
+            pwrite_all(fd, gathered, 0)
+        assert failure.value.errno == errno.ENOSPC
+        gathered.clear()  # while the failure (and its traceback) is still held
+    finally:
+        os.close(fd)
+    assert gathered == bytearray()
+
+
+@pytest.mark.parametrize("journal", [False, True])
+async def test_a_full_disk_fails_appends_with_the_reason_and_they_go_on_once_space_is_freed(
+        tmp_path: Path, cluster_key: uuid.UUID, journal: bool) -> None:
+    """On a real full filesystem: the append that does not fit is refused with ENOSPC's text,
+    /readyz says why, the free-bytes gauge shows it; once space is freed the next append is
+    written, without a restart, and every acknowledged record reads back."""
+    require(small_filesystems_available(), "root and mount (a tmpfs of a fixed size: a real full disk)")
+    with small_filesystem(tmp_path / "small", 4 << 20) as disk:
+        async with _started_node(disk.path / "node", cluster_key, 0, journal=journal) as (h, node):
+            c = await h.client()
+            first = 0
+            disk.fill(leave=200 * 1024)
+            big = [make_record(t, bytes(20_000)) for t in range(10_000)]
+            with pytest.raises(StorageError, match="No space left on device"):
+                while True:  # batches of 20 KB, larger than what a store gathers in memory
+                    await c.append(1, 0, big[first:first + 1])
+                    first += 1
+            ready, details = node.healthy()
+            assert not ready and any("No space left on device" in r for r in details["reasons"]), details
+            free = float(next(line.split()[1] for line in node.metrics.render_prometheus().splitlines()
+                              if line.startswith("waltz_storage_filesystem_free_bytes ")))
+            assert free < 200 * 1024, free
+            disk.free()
+            assert await c.max_transaction_id(1, 0) == first - 1
+            await c.append(1, 0, big[first:first + 2])
+            assert node.healthy() == (True, {"partitions": node.num_partitions, "broken_partitions": {},
+                                             "reasons": []})
+            assert list(await c.record_list(1, 0, 0, first + 2)) == big[: first + 2]
+
+
+async def test_a_partition_whose_files_cannot_be_opened_is_not_ready_and_opens_at_a_later_request(
+        tmp_path: Path, cluster_key: uuid.UUID, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError while opening a partition's files (a full disk during a repair, a file it may
+    not open) is the machine's, not the data's: the node says so (/readyz, the gauge), answers
+    its requests with the reason and tries again at a request, at most once per
+    OPEN_RETRY_INTERVAL, instead of leaving the partition without a store until a restart."""
+    from waltz_core.storage import node as node_module
+
+    monkeypatch.setattr(node_module, "OPEN_RETRY_INTERVAL", 0.2)
+    async with _started_node(tmp_path, cluster_key, 0) as (h, node):
+        c = await h.client()
+        await c.append(1, 0, make_records(0, 3))
+        worker = node.workers[0]
+        layout = node.layout
+        real_open = layout.open_partition
+        failing = True
+
+        def open_partition(pid: int) -> Any:
+            if failing:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(pid)
+
+        monkeypatch.setattr(layout, "open_partition", open_partition)
+        await worker.call(worker._reopen_after_failure)  # as after a failed write
+        assert worker.store is None
+        ready, details = node.healthy()
+        assert not ready and "its files cannot be opened" in details["broken_partitions"][0], details
+        assert "waltz_storage_failed_partitions 1" in node.metrics.render_prometheus()
+        with pytest.raises(StorageError, match=r"its files cannot be opened \(\[Errno 28\] No space left"):
+            await c.max_transaction_id(1, 0)
+        failing = False  # the operator freed space; the next request within the interval still waits
+        with pytest.raises(StorageError, match="its files cannot be opened"):
+            await c.max_transaction_id(1, 0)
+        await asyncio.sleep(0.25)
+        assert await c.max_transaction_id(1, 0) == 2
+        await c.append(1, 0, make_records(3, 2))
+        assert node.healthy()[0] is True
+        assert "waltz_storage_failed_partitions 0" in node.metrics.render_prometheus()
+        assert list(await c.record_list(1, 0, 0, 10)) == make_records(0, 5)

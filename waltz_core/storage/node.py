@@ -36,6 +36,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -80,7 +81,22 @@ MAX_LIST_RECORDS = 10_000
 #: A round of file work (writes, fdatasyncs, a checkpoint) running longer than this makes the
 #: node not ready (``/readyz``): its partitions' requests are waiting on the disk.
 IO_ROUND_STALL_NOT_READY: Final = 5.0
+#: A partition whose files could not be opened for a reason of the machine's (a full disk, a
+#: file it may not open) is tried again at a request at most this often, so it comes back by
+#: itself once the operator freed the space or fixed the files.
+OPEN_RETRY_INTERVAL: Final = 1.0
+#: Seconds between log lines of a partition whose appends keep failing the same way.
+WRITE_FAILURE_LOG_INTERVAL: Final = 30.0
 _ROLE = "waltz-storage"
+
+
+def _filesystem_bytes(directory: str, *, free: bool) -> float:
+    """Free (for an unprivileged process) or total bytes of the filesystem holding ``directory``."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return float("nan")
+    return float((st.f_bavail if free else st.f_blocks) * st.f_frsize)
 
 
 class _Item:
@@ -516,6 +532,14 @@ class PartitionWorker:
         self.info: PartitionInfo | None = None
         self.error: StorageError | None = None  #: why the partition cannot be served (corrupt control data)
         self.store: PartitionStore | None = None
+        #: why the store of an assigned partition could not be opened (an OSError: a full disk, a
+        #: file it may not open); unlike ``error`` it is tried again (:data:`OPEN_RETRY_INTERVAL`)
+        self.open_error: StorageError | None = None
+        self._open_tried = 0.0  #: time.monotonic() of the last failed open
+        #: why the last append group could not be written (None once one is): /readyz says it
+        self.write_error: str | None = None
+        self._write_failures = 0  #: failed groups since the last one logged with its traceback
+        self._write_error_logged = 0.0  #: time.monotonic() of that log line
         self.max_session_id = -1
         m = node.metrics
         labels = {"partition": str(partition_id)}
@@ -562,6 +586,10 @@ class PartitionWorker:
     def _open_store(self) -> None:
         try:
             self.store = self.node.layout.open_partition(self.partition_id)
+            if self.open_error is not None:
+                log.warning("partition %d: its files opened again (they could not be: %s)", self.partition_id,
+                            self.open_error)
+                self.open_error = None
             self._deferred_sync = isinstance(self.store, DeferredSyncStore)
             self._journaled = self._deferred_sync and self.io.journal is not None
             if self.io.journal is not None and not self._deferred_sync:
@@ -570,6 +598,24 @@ class PartitionWorker:
         except StorageError as exc:
             self.error = exc
             log.error("partition %d cannot be opened: %s", self.partition_id, exc)
+        except OSError as exc:  # the machine's, not the files' content: tried again by _reopen_if_due
+            err = StorageError(f"partition {self.partition_id}: its files cannot be opened ({exc}); tried again "
+                               f"at its next request")
+            if self.open_error is None or str(err) != str(self.open_error):
+                log.error("%s", err)
+            self.open_error = err
+            self._open_tried = time.monotonic()
+
+    def _reopen_if_due(self) -> PartitionStore:
+        """A request reached an assigned partition without a store: open it again, unless the
+        last try was less than :data:`OPEN_RETRY_INTERVAL` ago (StorageError then, and if it
+        fails again)."""
+        if self.open_error is not None and time.monotonic() - self._open_tried >= OPEN_RETRY_INTERVAL:
+            self._open_store()
+        if self.store is None:
+            raise self.open_error or PartitionNotFoundError(
+                f"partition {self.partition_id} has no open store on this storage node")
+        return self.store
 
     async def stop(self) -> None:
         """Finish what is queued and close the store (the node then ends the I/O threads)."""
@@ -577,6 +623,7 @@ class PartitionWorker:
             await self.call(self._close_store)
 
     def _close_store(self) -> None:
+        self.open_error = None
         if self.store is not None:
             if self in self.io.dirty:
                 try:
@@ -649,15 +696,36 @@ class PartitionWorker:
             self._append_succeeded(group, replies)
 
     def _append_failed(self, group: _AppendGroup, exc: BaseException, out: Replies) -> None:
-        log.error("partition %d: append of %d records failed: %r", self.partition_id, group.count, exc,
-                  exc_info=exc)
+        self._log_write_failure(group, exc)
         err = StorageError(f"partition {self.partition_id}: write failed: {exc}")
         for item in group.items:
             self._m_failures.inc()
             out.append((item.reply, failure_for(item.work, err)))
         self._reopen_after_failure()
 
+    def _log_write_failure(self, group: _AppendGroup, exc: BaseException) -> None:
+        """Log a failed append group: with its traceback when the failure is new, then (a full
+        disk fails every append until it is freed) once per WRITE_FAILURE_LOG_INTERVAL."""
+        why = repr(exc)
+        now = time.monotonic()
+        if why != self.write_error:
+            log.error("partition %d: append of %d records failed: %s", self.partition_id, group.count, why,
+                      exc_info=exc)
+        elif now - self._write_error_logged >= WRITE_FAILURE_LOG_INTERVAL:
+            log.error("partition %d: appends still fail: %d more groups since the last report: %s",
+                      self.partition_id, self._write_failures, why)
+        else:
+            self._write_failures += 1
+            return
+        self.write_error = why
+        self._write_failures = 1
+        self._write_error_logged = now
+
     def _append_succeeded(self, group: _AppendGroup, out: Replies) -> None:
+        if self.write_error is not None:
+            log.warning("partition %d: appends are written again (they failed: %s)", self.partition_id,
+                        self.write_error)
+            self.write_error = None
         self._m_latency.observe(time.perf_counter() - group.started)
         self._m_syncs.inc()
         if not self._journaled:
@@ -820,7 +888,7 @@ class PartitionWorker:
                                         f"session {self.max_session_id}")
             self.max_session_id = req.session_id
         if self.store is None:
-            raise PartitionNotFoundError(f"partition {pid} has no open store on this storage node")
+            return self._reopen_if_due()
         return self.store
 
     def _check_append(self, req: sm.StorageAppendRequest, group: _AppendGroup) -> None:
@@ -929,6 +997,8 @@ class PartitionWorker:
                 self._open_store()
                 if self.error is not None:
                     raise self.error
+                if self.open_error is not None:
+                    raise self.open_error
             return
         self._close_store()
         if delete_files:
@@ -955,9 +1025,12 @@ class PartitionWorker:
         """Records for offline recovery: the partition must be assigned; availability does not matter."""
         if self.error is not None:
             raise type(self.error)(str(self.error))
-        if self.store is None:
-            raise PartitionNotFoundError(f"partition {self.partition_id} is not assigned to this storage node")
-        return self._bounded(self.store.read_records(transaction_id, self._list_size(max_records)))
+        store = self.store
+        if store is None:
+            if self.info is None or not self.info.assigned:
+                raise PartitionNotFoundError(f"partition {self.partition_id} is not assigned to this storage node")
+            store = self._reopen_if_due()
+        return self._bounded(store.read_records(transaction_id, self._list_size(max_records)))
 
     def session_info(self) -> SessionInfo:
         if self.error is not None:
@@ -1004,6 +1077,18 @@ class StorageNode:
         self._connections: set[asyncio.Task[Any]] = set()
         self._m_connections = self.metrics.gauge("storage_connections", "Open data and admin connections.")
         self.metrics.gauge("storage_num_partitions", "Partitions of the cluster.", fn=lambda: self.num_partitions)
+        self.metrics.gauge("storage_failed_partitions", "Partitions this node cannot serve: corrupt control data, or "
+                           "files it cannot open (a full disk?; tried again at their requests).",
+                           fn=lambda: sum(1 for w in self.workers if w.error is not None or w.open_error is not None))
+        self.metrics.gauge("storage_journal_failed", "1 while a node journal is in doubt after a failed write, "
+                           "fdatasync or checkpoint: appends and truncates are refused until a restart replays it.",
+                           fn=lambda: float(any(io.journal_error is not None for io in self.io_threads)))
+        directory = getattr(layout, "directory", None)
+        if directory:
+            self.metrics.gauge("storage_filesystem_free_bytes", "Bytes free for the node on the filesystem of its "
+                               "storage directory.", fn=functools.partial(_filesystem_bytes, directory, free=True))
+            self.metrics.gauge("storage_filesystem_size_bytes", "Size of the filesystem of the storage directory.",
+                               fn=functools.partial(_filesystem_bytes, directory, free=False))
         self._loop: asyncio.AbstractEventLoop | None = None
         #: reply lists posted by partition threads, delivered on the loop by _deliver_replies
         self._replies: deque[Replies] = deque()
@@ -1082,11 +1167,16 @@ class StorageNode:
         self.layout.close()
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
-        """Ready (``/readyz``): serving, no partition refused to open and no round of file work
-        under way for more than IO_ROUND_STALL_NOT_READY seconds; ``reasons`` say why not."""
-        broken = {w.partition_id: str(w.error) for w in self.workers if w.error is not None}
+        """Ready (``/readyz``): serving, no partition refused to open or cannot open its files, no
+        node journal in doubt and no round of file work under way for more than
+        IO_ROUND_STALL_NOT_READY seconds; ``reasons`` say why not."""
+        broken = {w.partition_id: str(w.error or w.open_error) for w in self.workers
+                  if w.error is not None or w.open_error is not None}
         reasons = [] if self.state == "serving" else [f"storage node is {self.state}"]
         reasons += [f"partition {pid} is broken: {error}" for pid, error in broken.items()]
+        reasons += [f"partition {w.partition_id}: its last append could not be written: {w.write_error}"
+                    for w in self.workers if w.write_error is not None]
+        reasons += [f"{io.name}: {io.journal_failure()}" for io in self.io_threads if io.journal_error is not None]
         now = time.monotonic()
         reasons += [f"{io.name} has been in one round of file work for {age:.1f}s (a slow or hung disk?); its "
                     f"partitions' requests wait" for io in self.io_threads

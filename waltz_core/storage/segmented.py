@@ -937,11 +937,18 @@ class SegmentedLayout:
         self._persist_repair(rep)
 
     def _persist_repair(self, rep: Repair) -> None:
-        """Append the repair to the storage directory's repair report (JSON lines), for the disk tools."""
+        """Append the repair to the storage directory's repair report (JSON lines), for the disk tools.
+
+        The report is for people: a full disk that cannot take its line must not keep the
+        repaired partition from opening (the repair is in the log either way)."""
         line = json.dumps({"time": _now_ms(), "partition": rep.partition_id, "file": rep.file, "action": rep.action,
                            "detail": rep.detail})
-        with open(self._root / REPAIR_LOG_NAME, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        path = self._root / REPAIR_LOG_NAME
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError as exc:
+            log.warning("could not add the repair above to %s: %s", path, exc)
 
     def write_partition_info(self, partition_id: int, info: PartitionInfo) -> PartitionInfo:
         self._check_partition(partition_id)

@@ -6,13 +6,25 @@
 * :mod:`.netns` - :class:`HostNetwork`: every process on a host of its own (network namespaces on
   a private switch, 198.18.0.0/15); a host vanishes without a reset (packets dropped);
 * :mod:`.disk` - the fsync journal and :func:`crash_lose_unsynced` (lost/torn/garbled unsynced
-  bytes at a simulated power loss) and :func:`flip_bits`.
+  bytes at a simulated power loss), :func:`flip_bits`, and :func:`small_filesystem` (a real full
+  disk: a tmpfs of a fixed size).
 """
 
-from .disk import CrashMode, crash_lose_unsynced, flip_bits, storage_files, sync_journal_env, synced_sizes
+from .disk import (
+    CrashMode,
+    SmallFilesystem,
+    crash_lose_unsynced,
+    flip_bits,
+    small_filesystem,
+    small_filesystems_available,
+    storage_files,
+    sync_journal_env,
+    synced_sizes,
+)
 from .netns import HostNetwork, netns_available
 from .process import ClusterProcesses
 from .proxy import FaultProxy, ThreadedFaultProxy
 
-__all__ = ["ClusterProcesses", "CrashMode", "FaultProxy", "HostNetwork", "ThreadedFaultProxy", "netns_available", "crash_lose_unsynced", "flip_bits",
+__all__ = ["ClusterProcesses", "CrashMode", "FaultProxy", "HostNetwork", "SmallFilesystem", "ThreadedFaultProxy",
+           "crash_lose_unsynced", "flip_bits", "netns_available", "small_filesystem", "small_filesystems_available",
            "storage_files", "sync_journal_env", "synced_sizes"]

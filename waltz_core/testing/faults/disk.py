@@ -13,15 +13,22 @@ acknowledged records, which the checker must catch.
 
 **Bit flips** (:func:`flip_bits`): flip ``count`` random bits (or one bit at a fixed offset) of a
 segment (``.seq``), index (``.idx``) or control file, offline.
+
+**A full disk** (:class:`SmallFilesystem`): a directory on a tmpfs of a fixed size (root only),
+so a node that writes there gets real ``ENOSPC`` errors from the kernel; it can be filled to
+leave a given number of bytes free, and freed again, while the node runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
 import random
-from collections.abc import Iterable
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import attrs
@@ -168,3 +175,50 @@ def storage_files(directory: Path | str, kinds: Iterable[str] = (".seq", ".idx",
     """The segment (``.seq``), index (``.idx``) and control (``.ctl``) files of a storage directory."""
     kinds = tuple(kinds)
     return [p for p in sorted(Path(directory).rglob("*")) if p.is_file() and p.suffix in kinds]
+
+
+def small_filesystems_available() -> bool:
+    """True when this process can mount a tmpfs (root and ``mount``)."""
+    return os.geteuid() == 0 and shutil.which("mount") is not None and shutil.which("umount") is not None
+
+
+@attrs.define
+class SmallFilesystem:
+    """A tmpfs of ``size`` bytes mounted on ``path`` (see :func:`small_filesystem`)."""
+
+    path: Path
+    size: int
+    filler: Path = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.filler = self.path / ".filler"
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, leave: int) -> None:
+        """Grow the filler file until at most ``leave`` bytes are free (about: tmpfs counts pages)."""
+        chunk = b"\0" * (64 * 1024)
+        with open(self.filler, "ab") as fh:
+            while self.free_bytes() > leave:
+                fh.write(chunk[: min(len(chunk), self.free_bytes() - leave)])
+                fh.flush()
+
+    def free(self) -> None:
+        """Remove the filler: what the operator does by deleting files or growing the volume."""
+        self.filler.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path | str, size: int) -> Iterator[SmallFilesystem]:
+    """Mount a tmpfs of ``size`` bytes on ``path`` (created if missing) and unmount it at the end."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "waltz-test-small", str(path)], check=True,
+                   capture_output=True)
+    try:
+        yield SmallFilesystem(path, size)
+    finally:
+        # A process still holding files there (a failed test) must not keep the mount: detach it.
+        subprocess.run(["umount", "--lazy", str(path)], check=False, capture_output=True)
