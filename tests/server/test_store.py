@@ -10,6 +10,7 @@ import pytest
 from waltz_core.config import ServerConfig
 from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
 from waltz_core.protocol.wire import Record, ReqId, crc32
+from waltz_core.server import store as store_module
 from waltz_core.server.recovery import Recovery
 from waltz_core.server.store import ReplicatedStore
 from waltz_core.testing.fake_storage import FakeReplica, MemoryMetadata, StreamingFakeReplica, connector
@@ -109,6 +110,40 @@ async def test_a_replica_failure_starts_a_new_session_and_loses_nothing_committe
     assert log1[: sink.committed + 1] == log3[: sink.committed + 1]
     assert [r.transaction_id for r in log1] == list(range(sink.committed + 1))
     assert meta.meta[0].session_id >= 1
+    await store.close()
+
+
+async def test_a_replica_that_refuses_writes_is_held_out_of_new_sessions_until_it_takes_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that answers but refuses every write (a full disk) must not roll the partition over
+    to a new session at the rate of its refusals: it is kept out for a hold that grows."""
+    monkeypatch.setattr(store_module, "REFUSAL_HOLD_FIRST", 0.2)
+    monkeypatch.setattr(store_module, "PROBE_INTERVAL", 0.02)
+    replicas, _, store, sink = make()
+    await store.open(sink)
+    await append_n(store, 10)
+    await store.flush()
+    replicas["s2:1"].refuse_appends = "partition 0: write failed: [Errno 28] No space left on device"
+    deadline = asyncio.get_running_loop().time() + 1.5
+    n = 10
+    while asyncio.get_running_loop().time() < deadline:  # a steady load for 1.5 s, committed on s1 and s3
+        await append_n(store, 5, start=n)
+        n += 5
+        await asyncio.sleep(0.005)
+    await store.flush()
+    # Held out for 0.2 s, then 0.4, then 0.8: at most 4 refusals, each ending a session. Without
+    # the hold each new session took s2 in again at once, and it refused again: about 1,000.
+    assert 2 <= replicas["s2:1"].refusals <= 4, replicas["s2:1"].refusals
+    assert store._held_out["s2:1"][1] >= 0.4  # the hold grew with the refusals
+    assert sink.committed >= n // 2, (sink.committed, n)  # s1 and s3 went on committing
+    replicas["s2:1"].refuse_appends = None
+    await wait_for(lambda: "s2:1" in (store.session.replicas if store.session else {}) and store.healthy,
+                   timeout=10)
+    ids = await append_n(store, 5, start=n)
+    await store.flush()
+    await wait_for(lambda: replicas["s2:1"].log(0)[-1:] == replicas["s1:1"].log(0)[-1:])
+    assert sink.committed == ids[-1]
+    assert replicas["s2:1"].log(0) == replicas["s1:1"].log(0)
     await store.close()
 
 

@@ -13,13 +13,16 @@ Waltz design: no rejoin; pending appends are resolved by the recovery's high-wat
 is behind when the session starts catches up inside the session, reading from a peer what the
 session no longer buffers, and is recorded as engaged once it reached the session's start.
 Every ``checkpoint_interval`` transactions the store rolls over to a new session after draining,
-which bounds the work of a later recovery.
+which bounds the work of a later recovery. A replica whose node *refused* the session's writes (a
+full disk, the partition taken offline there) is kept out of the next sessions for a while, as if
+it were unreachable (:data:`REFUSAL_HOLD_FIRST`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import islice
@@ -27,7 +30,16 @@ from typing import Protocol, TypeVar
 
 from ..config import ServerConfig
 from ..coordination.metadata import UNRESOLVED, ReplicaState
-from ..errors import CasConflictError, GenerationMismatchError, PartitionNotReadyError, PluginError, WaltzError
+from ..errors import (
+    CasConflictError,
+    GenerationMismatchError,
+    OutOfOrderAppendError,
+    PartitionNotReadyError,
+    PluginError,
+    StaleSessionError,
+    StorageError,
+    WaltzError,
+)
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
 from ..retry import RetryPolicy
 from ..timeouts import wait_for
@@ -66,6 +78,19 @@ ReplicaConnector = Callable[[str], Awaitable[ReplicaApi | None]]
 
 #: Seconds between attempts to reach replicas that are not in the current session.
 PROBE_INTERVAL = 1.0
+#: Seconds a replica whose node refused the session's writes is kept out of new sessions, doubled
+#: at each refusal that follows within REFUSAL_HOLD_MAX seconds of the last hold, up to that. Its
+#: node answers, so without the hold every new session would take it in again, it would refuse
+#: again, and the partition would start session after session (each a recovery and a pause of
+#: its appends) as fast as the node refuses: a full disk made 10 sessions in 0.3 s.
+REFUSAL_HOLD_FIRST = 1.0
+REFUSAL_HOLD_MAX = 30.0
+
+
+def refused_by_storage(exc: BaseException) -> bool:
+    """The node answered and refused the write: not a lost connection, not the fence of a newer
+    session, not an append out of order (a new session's recovery settles those)."""
+    return isinstance(exc, StorageError) and not isinstance(exc, StaleSessionError | OutOfOrderAppendError)
 
 
 
@@ -407,6 +432,8 @@ class StoreSession:
     def replica_failed(self, replica: _ReplicaSession, exc: BaseException) -> None:
         log.warning("partition %d session %d: replica %s left the session: %s",
                     self.partition_id, self.session_id, replica.endpoint, exc)
+        if refused_by_storage(exc):
+            self.store.hold_out(replica.endpoint)
         if self._broken is None:
             self._broken = exc
             self.store.session_broken(self, exc)
@@ -459,6 +486,8 @@ class ReplicatedStore:
         self._window = max(4 * config.max_batch_size, 64)
         self.sessions_started = 0
         self.last_error: str = ""
+        #: replicas whose nodes refused writes -> (kept out of new sessions until, the hold's length)
+        self._held_out: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -504,6 +533,23 @@ class ReplicatedStore:
                 self.last_error = str(exc)
                 return
 
+    def hold_out(self, endpoint: str) -> None:
+        """Keep ``endpoint`` out of new sessions for a while: its node refused a session's writes
+        (see :data:`REFUSAL_HOLD_FIRST`)."""
+        now = time.monotonic()
+        until, length = self._held_out.get(endpoint, (0.0, 0.0))
+        length = min(2 * length, REFUSAL_HOLD_MAX) if length and now - until < REFUSAL_HOLD_MAX else REFUSAL_HOLD_FIRST
+        self._held_out[endpoint] = (now + length, length)
+        log.warning("partition %d: replica %s refused writes; it is kept out of new sessions for %.1fs",
+                    self.partition_id, endpoint, length)
+
+    async def _connect_replica(self, endpoint: str) -> ReplicaApi | None:
+        """The connector, except for a replica held out after a refusal: None (unreachable) then."""
+        held = self._held_out.get(endpoint)
+        if held is not None and time.monotonic() < held[0]:
+            return None
+        return await self._connect(endpoint)
+
     async def _probe_missing_replicas(self) -> None:
         """A replica outside the session that is reachable again gets in through a new session
         (no rejoin of a running session): drain, then roll over, as for a checkpoint."""
@@ -511,7 +557,7 @@ class ReplicatedStore:
         if s is None or s.broken or s.rolling_over:
             return
         for endpoint in s.assigned:
-            if endpoint not in s.replicas and await self._connect(endpoint) is not None:
+            if endpoint not in s.replicas and await self._connect_replica(endpoint) is not None:
                 log.info("partition %d: replica %s is reachable again; rolling over to a new session",
                          self.partition_id, endpoint)
                 s.rolling_over = True
@@ -542,13 +588,13 @@ class ReplicatedStore:
         session_id, states, assigned = await self.metadata.begin_session(pid, self.generation)
         if not assigned:
             raise PartitionNotReadyError(f"partition {pid} has no replicas assigned")
-        recovery = Recovery(pid, session_id, assigned, states, self._connect,
+        recovery = Recovery(pid, session_id, assigned, states, self._connect_replica,
                             self.config.initial_retry_interval, min(self.config.max_retry_interval, 2.0))
         result = await recovery.run()
         await self.metadata.write_states(pid, self.generation, session_id, result.replica_states)
         session = StoreSession(self, session_id, result.high_water_mark, assigned)
         for endpoint in assigned:
-            api = await self._connect(endpoint) if endpoint in result.clean or endpoint in result.lagging else None
+            api = await self._connect_replica(endpoint) if endpoint in result.clean or endpoint in result.lagging else None
             if api is None:
                 continue
             clean = endpoint in result.clean

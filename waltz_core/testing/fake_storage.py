@@ -21,6 +21,7 @@ from ..errors import (
     GenerationMismatchError,
     OutOfOrderAppendError,
     StaleSessionError,
+    StorageError,
     WaltzError,
 )
 from ..protocol.wire import Record, RecordHeader, SessionInfo
@@ -44,6 +45,9 @@ class FakeReplica:
         self.endpoint = endpoint
         self.partitions: dict[int, _FakePartition] = {}
         self.down = False
+        #: when set, appends are refused with a StorageError of this text (the node answers: a full disk)
+        self.refuse_appends: str | None = None
+        self.refusals = 0
         self.delay = 0.0
         self.appends = 0
         self.reads = 0  #: record_list calls answered
@@ -83,6 +87,9 @@ class FakeReplica:
     async def append(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None:
         await self._io()
         p = self._p(session_id, partition_id)
+        if self.refuse_appends is not None:
+            self.refusals += 1
+            raise StorageError(self.refuse_appends)
         if records and records[0].transaction_id != p.max_id + 1:
             raise OutOfOrderAppendError(f"append of {records[0].transaction_id} after {p.max_id}")
         p.records.extend(records)
