@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 
 from waltz_core.config import CoordinationConfig
-from waltz_core.storage.client import StorageAdminClient
-from waltz_core.testing.cluster import ClusterSpec, ProcessCluster
+from waltz_core.testing.cluster import ClusterSpec, ProcessCluster, wait_replica_holds
 from waltz_core.testing.probe import PartitionProbe
-from waltz_core.transport import open_transport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -82,21 +80,6 @@ async def test_storage_kill_quorum_stall_resume_and_catch_up(coordination: str, 
     prefix = [r[: final + 1] for r in replicas]
     assert all(len(p) == final + 1 for p in prefix), [len(r) for r in replicas]
     assert prefix[0] == prefix[1] == prefix[2], "committed prefixes must be byte-identical on every replica"
-
-
-async def wait_replica_holds(spec: ClusterSpec, i: int, key: uuid.UUID, n: int, transaction_id: int,
-                             timeout: float = 60.0) -> None:
-    """Poll replica ``i``'s admin port until it holds ``transaction_id`` (catch-up finished)."""
-    transport = open_transport(spec.transport_config, spec.runtime.registries)
-    admin = await StorageAdminClient.connect(transport, spec.admin_address(i), key, n)
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not await admin.record_list(0, transaction_id, 1):
-            assert asyncio.get_running_loop().time() < deadline, f"replica {i} did not catch up to {transaction_id}"
-            await asyncio.sleep(0.1)
-    finally:
-        await admin.close()
-        await transport.aclose()
 
 
 @pytest.mark.parametrize("coordination", ["local", "zookeeper"])
