@@ -33,6 +33,8 @@ from waltz_core.storage.journal import (
 from waltz_core.storage.layout import PartitionStore
 from waltz_core.storage.node import LoopRounds, StorageNode
 from waltz_core.storage.segmented import SegmentedLayout
+from waltz_core.testing import require
+from waltz_core.testing.faults import small_filesystem, small_filesystems_available
 
 from .conftest import NUM_PARTITIONS, NodeHarness, io_thread_blocked, make_records, write_held_batches
 
@@ -683,3 +685,33 @@ async def test_zeros_that_cannot_be_written_leave_the_appends_alone_and_are_trie
         rounds.checkpoint()
         await c.append(1, 0, make_records(6, 1))
         assert len(tries) == 2
+
+
+async def test_a_node_restarted_on_a_still_full_disk_refuses_to_start_and_keeps_its_journal(
+        tmp_path: Path, cluster_key) -> None:
+    """A full disk puts the journal in doubt; a restart before space is freed cannot replay it.
+    It must say so and keep the journal (not make the partition unavailable and empty the
+    journal, which would leave its acknowledged records only on the other replicas); the start
+    after space was freed replays every acknowledged record."""
+    require(small_filesystems_available(), "root and mount (a tmpfs of a fixed size: a real full disk)")
+    with small_filesystem(tmp_path / "small", 4 << 20) as disk:
+        directory = disk.path / "node"
+        acknowledged = 0
+        async with _journaled_node(directory, cluster_key, 0) as (node, c):
+            disk.fill(leave=64 * 1024)
+            with pytest.raises(StorageError):  # small batches, gathered in memory, until the disk is full
+                while True:
+                    await c.append(1, 0, make_records(acknowledged, 10))
+                    acknowledged += 10
+            assert acknowledged > 0
+        journaled = [e for p in journal_paths(directory) for e in read_journal(p)[0]]
+        assert journaled, "the acknowledged batches are in the journal"
+        with pytest.raises(StorageError, match=r"No space left on device\. Nothing was lost.*free space on the "
+                                               r"filesystem of .* and start again"):
+            async with _journaled_node(directory, cluster_key):
+                pass
+        assert [e for p in journal_paths(directory) for e in read_journal(p)[0]] == journaled
+        disk.free()
+        async with _journaled_node(directory, cluster_key, 0) as (node, c):
+            assert node.healthy()[0], node.healthy()
+            assert list(await c.record_list(2, 0, 0, acknowledged + 10)) == make_records(0, acknowledged)

@@ -35,7 +35,8 @@ What a journal has to get right, and how this one does:
   256 KiB growing to 1 MiB at a time: a node that journals little keeps a small file. Zeros read
   as generation 0, the end of any generation.
 * **A failed journal write or checkpoint** leaves the journal in doubt: the I/O thread refuses
-  appends and truncates from then on (reads go on), and a restart replays it.
+  appends and truncates from then on (reads go on), and a restart replays it. A replay that
+  fails for the machine's reason (a disk still full) stops the start and keeps the journal.
 
 File format (little endian): two 32-byte header slots at 0 and 32 (magic ``WZJ1``, version,
 generation, CRC-32), entries from byte 512: a 32-byte head (CRC-32 of the rest of the head and the
@@ -45,6 +46,7 @@ records in the stored layout (what storage appends carry).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -84,6 +86,8 @@ _CRC = struct.Struct("<I")
 _MAX_ENTRY_BYTES = 1 << 30
 #: zeros written ahead of the rounds: the first step, and the step it doubles up to
 PREALLOCATE_FIRST_STEP = 256 * 1024
+#: errnos that mean "no room": the operator frees space (other OSErrors: the operator fixes the cause)
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 PREALLOCATE_MAX_STEP = 1024 * 1024
 _ZEROS = bytes(64 * 1024)  #: a step is written as this buffer repeated (one pwritev)
 
@@ -345,6 +349,12 @@ def replay_journals(directory: str | os.PathLike[str], open_partition: Callable[
     records, or cannot be opened) is handed to ``on_failure``, which must keep it from being
     served as it is (the node makes it unavailable: it needs offline recovery). Returns what was
     repaired, one entry per partition that needed records back.
+
+    An ``OSError`` (a full disk, a file it may not open) is the machine's, not the data's: the
+    replay stops with a StorageError that says so and leaves every journal as it was, so the
+    next start, once the cause is fixed, replays it. (Handing the partition to ``on_failure``
+    would empty the journal: its acknowledged records would then have to come back from
+    another replica.)
     """
     repairs: list[Repair] = []
     for path in journal_paths(directory):
@@ -352,12 +362,9 @@ def replay_journals(directory: str | os.PathLike[str], open_partition: Callable[
         if stop is not None:
             log.info("%s: %s; the entries before it are replayed", path, stop)
         for pid, own in _group(entries).items():
+            store: PartitionStore | None = None
             try:
                 store = open_partition(pid)
-            except StorageError as exc:
-                on_failure(pid, exc)
-                continue
-            try:
                 written = sum(_apply(store, e) for e in own)
                 if isinstance(store, DeferredSyncStore):
                     store.sync_written()  # durable before the journal's bytes become stale
@@ -365,10 +372,15 @@ def replay_journals(directory: str | os.PathLike[str], open_partition: Callable[
                 on_failure(pid, exc)
                 continue
             except OSError as exc:
-                on_failure(pid, StorageError(f"partition {pid}: replaying the journal failed: {exc}"))
-                continue
+                where = Path(directory)
+                raise StorageError(
+                    f"partition {pid}: the node journal {path} cannot be replayed into the partition's files: {exc}. "
+                    f"Nothing was lost: the journal is kept as it is; "
+                    f"{'free space on the filesystem of ' + str(where) if exc.errno in _NO_SPACE else 'fix that'} "
+                    f"and start again") from exc
             finally:
-                store.close()
+                if store is not None:
+                    store.close()
             if written:
                 records = sum(e.count for e in own)
                 repairs.append(Repair(pid, str(path), "replayed journal",

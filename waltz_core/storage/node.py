@@ -1136,8 +1136,16 @@ class StorageNode:
         loop = self._loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.layout.open, self.cluster_key, self.num_partitions)
         self.repairs.extend(self.layout.repairs())
-        # Before any partition is opened: records acknowledged from a journal go back into their files.
-        self.repairs.extend(await loop.run_in_executor(None, self._replay_and_open_journals))
+        try:
+            # Before any partition is opened: records acknowledged from a journal go back into their files.
+            self.repairs.extend(await loop.run_in_executor(None, self._replay_and_open_journals))
+        except BaseException:
+            # Not started (a disk still full): let the directory go, so a start after the fix can take it.
+            for io in self.io_threads:
+                if io.journal is not None:
+                    io.journal.close()
+            self.layout.close()
+            raise
         self.workers = [PartitionWorker(self, pid) for pid in range(self.num_partitions)]
         for io in self.io_threads:
             io.start()
