@@ -163,6 +163,11 @@ class HttpEndpoint:
     def address(self) -> str:
         return self._address
 
+    @property
+    def process_metrics(self) -> MetricsRegistry:
+        """The registry of ``process_*``, ``waltz_build_info`` and the process's other unprefixed gauges."""
+        return self._process_metrics
+
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port`` from the endpoint's own thread (OSError if it cannot)."""
         self._main_loop = asyncio.get_running_loop()

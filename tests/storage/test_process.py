@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -49,12 +50,13 @@ def http_get(url: str) -> bytes:
 
 
 class StorageProcess:
-    def __init__(self, directory: Path, key: uuid.UUID, max_frame_size: int = 1 << 20) -> None:
+    def __init__(self, directory: Path, key: uuid.UUID, max_frame_size: int = 1 << 20, tcp: str = "") -> None:
         self.key = key
         self.config = directory / "storage.toml"
         self.config.write_text(
             f'[storage]\ndirectory = "{directory / "data"}"\nport = 0\nadmin_port = 0\nindex_checkpoint_interval = 50\n'
-            f'[transport]\nname = "tcp"\nmax_frame_size = {max_frame_size}\n[http]\nport = {_free_port()}\n')
+            f'[transport]\nname = "tcp"\nmax_frame_size = {max_frame_size}\n[http]\nport = {_free_port()}\n'
+            + (f"[transport.tcp]\n{tcp}\n" if tcp else ""))
         self.proc: subprocess.Popen[str] | None = None
         self.data = self.admin = self.http = ""
 
@@ -181,3 +183,52 @@ def test_disk_tools_on_a_stopped_node(storage_process: StorageProcess) -> None:
     segment.write_bytes(bytes(raw))
     bad = disk("verify-segment", str(segment))
     assert bad.returncode == 1 and "fails its record checksum" in bad.stdout
+
+
+def test_a_node_whose_certificate_has_expired_says_so(tmp_path: Path) -> None:
+    """A certificate loads whatever its dates, and peers then refuse the handshakes: the node logs
+    it at the start, exports the date, and /readyz answers 503 naming the file."""
+    require(_tcp_available(), "the tcp transport plugin")
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from waltz_transport_tcp.certs import create_test_ca
+
+    certs = create_test_ca(tmp_path / "tls", hosts=("127.0.0.1",))
+    ca_key = serialization.load_pem_private_key((tmp_path / "tls" / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate(certs.ca.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    expired = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "node")]))
+               .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(days=90)).not_valid_after(now - datetime.timedelta(days=1))
+               .sign(ca_key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "expired.pem", tmp_path / "expired.key"
+    cert_path.write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    sp = StorageProcess(tmp_path, uuid.uuid4(),
+                        tcp=f'tls_cert = "{cert_path}"\ntls_key = "{key_path}"\ntls_ca = "{certs.ca}"')
+    sp.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            http_get(f"http://{sp.http}/readyz")
+        ready = json.loads(answer.value.read())
+        assert answer.value.code == 503
+        assert [r for r in ready["reasons"] if r.startswith(f"certificate tls_cert {cert_path} expired at ")], ready
+        metrics = http_get(f"http://{sp.http}/metrics").decode()
+        gauge = f'waltz_tls_certificate_expiry_timestamp_seconds{{certificate="tls_cert {cert_path}"}}'
+        assert f"{gauge} {expired.not_valid_after_utc.timestamp():.1f}" in metrics, metrics[-1500:]
+    finally:
+        assert sp.proc is not None and sp.proc.stderr is not None
+        sp.proc.send_signal(signal.SIGTERM)
+        err = sp.proc.stderr.read()
+        sp.proc.wait(timeout=30)
+        sp.proc.stdout.close()  # type: ignore[union-attr]
+        sp.proc.stderr.close()
+    assert f"certificate tls_cert {cert_path} expired at " in err and "peers refuse its handshakes" in err, err

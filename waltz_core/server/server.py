@@ -32,6 +32,7 @@ from ..protocol import CLIENT
 from ..protocol import client as m
 from ..transport import MessageChannel, check_plaintext_allowed, is_plaintext, open_transport
 from ..transport.base import Connection, Listener
+from ..transport.expiry import CertificateWatch
 from .caches import CacheBudget
 from .dispatch import read_client_messages
 from .glue import CoordinationMetadata, StorageConnector
@@ -60,6 +61,7 @@ class WaltzServer:
         self._links: set[ClientLink] = set()
         self._assignment_lock = asyncio.Lock()
         self._closed = False
+        self._certificates = CertificateWatch(None)  #: the transport's, once start() opened it
         # One budget per kind for the whole server, whatever the number of partitions it owns.
         self.feed_budget = CacheBudget(config.server.feed_cache_budget)
         self.data_budget = CacheBudget(config.server.data_cache_budget)
@@ -75,6 +77,7 @@ class WaltzServer:
         self.runtime.warn_unsafe(log, "this server")
         self.transport = open_transport(cfg.transport, self.registries)
         check_plaintext_allowed(self.transport, cfg.server.host, cfg.security.insecure, "server.host")
+        self._certificates = CertificateWatch(self.transport)
         self.coordination = open_coordination(cfg.coordination, self.registries)
         await self.coordination.start()
         self.store_metadata = StoreMetadata(self.coordination, cfg.coordination.root)
@@ -97,9 +100,11 @@ class WaltzServer:
         if cfg.http.port:
             self._http = HttpEndpoint(service_name="waltz-server", version=core_version(), metrics=self.metrics,
                                       health=self.health)
+            self._certificates.register(self._http.process_metrics)
             await self._http.start(cfg.http.host, cfg.http.port)
         if is_plaintext(self.transport):
             log.warning("server %s: client and storage links are not encrypted (development mode)", self.address)
+        self._certificates.log_at_start(f"server {self.address}")
         log.info("%s listening on %s (transport %s, coordination %s)", self.name, self.address,
                  cfg.transport.name, cfg.coordination.name)
         self.runtime.hook.waltz_process_started(kind="server", name=self.name, address=self.address)
@@ -253,6 +258,7 @@ class WaltzServer:
         reasons = ["server is stopping"] if self._closed else []
         if state is not SessionState.CONNECTED:
             reasons.append(f"coordination session is {state.value}")
+        reasons += self._certificates.reasons()
         reachable = {endpoint for endpoint, (up, _down_for, _error) in self.connector.health().items() if up}
         parts: dict[str, bool] = {}
         for pid, p in sorted(self.partitions.items()):

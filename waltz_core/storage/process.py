@@ -20,6 +20,7 @@ from ..http import HttpEndpoint
 from ..metrics import MetricsRegistry
 from ..plugins import core_version
 from ..transport import check_plaintext_allowed, is_plaintext, open_transport
+from ..transport.expiry import CertificateWatch
 from . import open_layout
 from .node import StorageNode
 
@@ -75,6 +76,13 @@ async def run_storage(config: StorageProcessConfig, runtime: Runtime, *, cluster
         log.warning("repaired at start: partition %d %s: %s (%s)", rep.partition_id, rep.file, rep.action, rep.detail)
     if is_plaintext(transport):
         log.warning("storage node: server and admin links are not encrypted (development mode; see [transport.%s] tls_*)", config.transport.name)
+    certificates = CertificateWatch(transport)
+    certificates.log_at_start("storage node")
+
+    def healthy() -> tuple[bool, dict[str, Any]]:
+        ready, details = node.healthy()
+        expired = certificates.reasons()
+        return ready and not expired, {**details, "reasons": details["reasons"] + expired}
     listeners: list[Any] = []
     http: HttpEndpoint | None = None
     stop = stop or asyncio.Event()
@@ -93,7 +101,8 @@ async def run_storage(config: StorageProcessConfig, runtime: Runtime, *, cluster
         http_address = "disabled"
         if config.http.port:
             http = HttpEndpoint(service_name="waltz-storage", version=core_version(), metrics=metrics,
-                                health=node.healthy)
+                                health=healthy)
+            certificates.register(http.process_metrics)
             await http.start(config.http.host, config.http.port)
             http_address = http.address
         hook.waltz_process_started(kind="storage", name=name, address=data.address)

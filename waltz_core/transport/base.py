@@ -80,6 +80,8 @@ class Transport(Protocol):
     (:func:`check_plaintext_allowed`): ``encrypted`` (tcp: TLS is on; zmq: CURVE is on) and
     ``authenticates_clients`` (its listeners admit only clients with credentials: mutual TLS, a
     CURVE allow-list). A transport without them is not guessed at: it reports security itself.
+    It may also have ``certificate_expiry() -> Mapping[str, float]`` (when each of its certificates
+    expires; :mod:`waltz_core.transport.expiry`).
 
     Addresses are opaque to the core: it passes them to ``connect`` as the transport's listeners
     reported them. A transport whose addresses are not ``host:port`` also has a method

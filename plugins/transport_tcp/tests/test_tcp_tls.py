@@ -190,3 +190,23 @@ def test_waltz_certs_create_command(tmp_path: Path) -> None:
     # The certificates it wrote are usable: the transport loads them.
     TcpTransport(1024, TcpOptions(tls_cert=str(out / "node.pem"), tls_key=str(out / "node.key"),
                                   tls_ca=str(out / "ca.pem")))
+
+
+def test_the_transport_says_when_its_certificate_and_its_ca_expire(certs: TestCertificates, tmp_path: Path) -> None:
+    from cryptography import x509
+
+    def not_after(path: Path) -> float:
+        return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc.timestamp()
+
+    tls = TcpTransport(options=TcpOptions(tls_cert=str(certs.node_cert), tls_key=str(certs.node_key),
+                                          tls_ca=str(certs.ca)))
+    expiry = tls.certificate_expiry()
+    assert expiry == {f"tls_cert {certs.node_cert}": not_after(certs.node_cert),
+                      f"tls_ca {certs.ca} CN=waltz-test-ca": not_after(certs.ca)}
+    assert TcpTransport(options=TcpOptions()).certificate_expiry() == {}
+    # A CA bundle of two: each CA is watched.
+    bundle = tmp_path / "bundle.pem"
+    other = create_test_ca(tmp_path / "other", ca_name="second-ca", days=3)
+    bundle.write_bytes(certs.ca.read_bytes() + other.ca.read_bytes())
+    client = TcpTransport(options=TcpOptions(tls_ca=str(bundle)))
+    assert sorted(client.certificate_expiry()) == [f"tls_ca {bundle} CN=second-ca", f"tls_ca {bundle} CN=waltz-test-ca"]

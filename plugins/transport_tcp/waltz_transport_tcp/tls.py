@@ -87,3 +87,25 @@ def describe_tls_error(exc: BaseException) -> str:
     if verify:
         return f"{reason or 'certificate verify failed'}: {verify}"
     return str(reason or exc)
+
+
+def certificate_expiry(options: TcpOptions) -> dict[str, float]:
+    """When each certificate this transport presents or trusts stops being valid (``notAfter``, in
+    seconds since the epoch): ``tls_cert`` (the first certificate of the file, the process's own)
+    and each CA of ``tls_ca``, keyed ``"tls_cert <file>"`` / ``"tls_ca <file> <subject>"``.
+    Files that do not parse are left out: building the contexts has reported them already."""
+    from cryptography import x509
+
+    out: dict[str, float] = {}
+    for key, path in (("tls_cert", options.tls_cert), ("tls_ca", options.tls_ca)):
+        if not path:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                certs = x509.load_pem_x509_certificates(fh.read())
+        except (OSError, ValueError):
+            continue
+        for cert in certs[:1] if key == "tls_cert" else certs:
+            name = f"{key} {path}" if key == "tls_cert" else f"{key} {path} {cert.subject.rfc4514_string()}"
+            out[name] = cert.not_valid_after_utc.timestamp()
+    return out

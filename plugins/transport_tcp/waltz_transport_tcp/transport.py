@@ -15,7 +15,7 @@ from waltz_core.transport.base import ConnectionHandler
 
 from .connection import TcpConnection, format_address
 from .options import TcpOptions
-from .tls import client_context, describe_tls_error, server_context
+from .tls import certificate_expiry, client_context, describe_tls_error, server_context
 
 log = logging.getLogger("waltz.transport.tcp")
 
@@ -131,6 +131,11 @@ class TcpTransport:
     def authenticates_clients(self) -> bool:
         """True when listeners admit only clients with a certificate of ``tls_ca`` (mutual TLS)."""
         return self._server_ssl is not None and self._server_ssl.verify_mode == ssl.CERT_REQUIRED
+
+    def certificate_expiry(self) -> dict[str, float]:
+        """When the certificates of ``tls_cert`` and ``tls_ca`` expire (epoch seconds; see
+        :func:`waltz_core.transport.base.certificate_expiry`)."""
+        return certificate_expiry(self.options) if self.options.tls_enabled else {}
 
     async def connect(self, address: str) -> TcpConnection:
         """Connect to ``host:port``; ConnectError when refused, unreachable or too slow."""
