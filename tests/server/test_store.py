@@ -147,6 +147,33 @@ async def test_a_replica_that_refuses_writes_is_held_out_of_new_sessions_until_i
     await store.close()
 
 
+async def test_a_held_out_replica_that_restarts_comes_back_before_its_hold_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator freed the space and restarted the node: a new connection to it ends the hold."""
+    monkeypatch.setattr(store_module, "REFUSAL_HOLD_FIRST", 30.0)
+    monkeypatch.setattr(store_module, "PROBE_INTERVAL", 0.02)
+    replicas, _, store, sink = make()
+    await store.open(sink)
+    await append_n(store, 10)
+    await store.flush()
+    replicas["s2:1"].refuse_appends = "partition 0: write failed: [Errno 28] No space left on device"
+    await append_n(store, 10, start=10)
+    await wait_for(lambda: replicas["s2:1"].refusals == 1 and store.healthy
+                   and "s2:1" not in store.session.replicas)  # type: ignore[union-attr]
+    await asyncio.sleep(0.2)  # ten probes: the same connection stays held out
+    assert "s2:1" not in store.session.replicas  # type: ignore[union-attr]
+    restarted = Replica("s2:1")  # the same files, a new process: the connector hands out a new client
+    restarted.partitions = replicas["s2:1"].partitions
+    replicas["s2:1"] = restarted
+    await wait_for(lambda: store.session is not None and "s2:1" in store.session.replicas and store.healthy,
+                   timeout=5)
+    ids = await append_n(store, 5, start=100)
+    await store.flush()
+    await wait_for(lambda: restarted.log(0)[-1:] == replicas["s1:1"].log(0)[-1:])
+    assert sink.committed == ids[-1] and restarted.refusals == 0
+    await store.close()
+
+
 async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
     replicas, _, store, sink = make()
     await store.open(sink)

@@ -82,7 +82,8 @@ PROBE_INTERVAL = 1.0
 #: at each refusal that follows within REFUSAL_HOLD_MAX seconds of the last hold, up to that. Its
 #: node answers, so without the hold every new session would take it in again, it would refuse
 #: again, and the partition would start session after session (each a recovery and a pause of
-#: its appends) as fast as the node refuses: a full disk made 10 sessions in 0.3 s.
+#: its appends) as fast as the node refuses: a full disk made 10 sessions in 0.3 s. A new
+#: connection to the node (it was restarted, after its disk was freed) ends the hold.
 REFUSAL_HOLD_FIRST = 1.0
 REFUSAL_HOLD_MAX = 30.0
 
@@ -433,7 +434,7 @@ class StoreSession:
         log.warning("partition %d session %d: replica %s left the session: %s",
                     self.partition_id, self.session_id, replica.endpoint, exc)
         if refused_by_storage(exc):
-            self.store.hold_out(replica.endpoint)
+            self.store.hold_out(replica.endpoint, replica.api)
         if self._broken is None:
             self._broken = exc
             self.store.session_broken(self, exc)
@@ -486,8 +487,9 @@ class ReplicatedStore:
         self._window = max(4 * config.max_batch_size, 64)
         self.sessions_started = 0
         self.last_error: str = ""
-        #: replicas whose nodes refused writes -> (kept out of new sessions until, the hold's length)
-        self._held_out: dict[str, tuple[float, float]] = {}
+        #: replicas whose nodes refused writes -> (kept out of new sessions until, the hold's length,
+        #: the connection that refused: a new one, after the node's restart, ends the hold)
+        self._held_out: dict[str, tuple[float, float, object]] = {}
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -533,22 +535,26 @@ class ReplicatedStore:
                 self.last_error = str(exc)
                 return
 
-    def hold_out(self, endpoint: str) -> None:
+    def hold_out(self, endpoint: str, api: object) -> None:
         """Keep ``endpoint`` out of new sessions for a while: its node refused a session's writes
-        (see :data:`REFUSAL_HOLD_FIRST`)."""
+        through ``api`` (see :data:`REFUSAL_HOLD_FIRST`)."""
         now = time.monotonic()
-        until, length = self._held_out.get(endpoint, (0.0, 0.0))
+        until, length, _api = self._held_out.get(endpoint, (0.0, 0.0, None))
         length = min(2 * length, REFUSAL_HOLD_MAX) if length and now - until < REFUSAL_HOLD_MAX else REFUSAL_HOLD_FIRST
-        self._held_out[endpoint] = (now + length, length)
-        log.warning("partition %d: replica %s refused writes; it is kept out of new sessions for %.1fs",
-                    self.partition_id, endpoint, length)
+        self._held_out[endpoint] = (now + length, length, api)
+        log.warning("partition %d: replica %s refused writes; it is kept out of new sessions for %.1fs, or until it "
+                    "is restarted", self.partition_id, endpoint, length)
 
     async def _connect_replica(self, endpoint: str) -> ReplicaApi | None:
-        """The connector, except for a replica held out after a refusal: None (unreachable) then."""
+        """The connector, except for a replica held out after a refusal: None (unreachable) then,
+        unless the connector has a new connection to it (the operator restarted the node)."""
         held = self._held_out.get(endpoint)
+        api = await self._connect(endpoint)
         if held is not None and time.monotonic() < held[0]:
-            return None
-        return await self._connect(endpoint)
+            if api is None or api is held[2]:
+                return None
+            self._held_out[endpoint] = (time.monotonic(), held[1], None)  # a new connection: the hold is over
+        return api
 
     async def _probe_missing_replicas(self) -> None:
         """A replica outside the session that is reachable again gets in through a new session
