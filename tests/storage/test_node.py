@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -559,3 +560,46 @@ async def test_a_partition_whose_files_cannot_be_opened_is_not_ready_and_opens_a
         assert node.healthy()[0] is True
         assert "waltz_storage_failed_partitions 0" in node.metrics.render_prometheus()
         assert list(await c.record_list(1, 0, 0, 10)) == make_records(0, 5)
+
+
+async def test_a_run_of_the_same_append_failure_is_logged_once_then_at_intervals(
+        tmp_path: Path, cluster_key: uuid.UUID, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk fails every append until it is freed: its first failure is logged with the
+    traceback, the next ones only as a count once per WRITE_FAILURE_LOG_INTERVAL, and the first
+    success says the appends are written again."""
+    from waltz_core.storage import node as node_module
+    from waltz_core.storage import segmented
+
+    async with _started_node(tmp_path, cluster_key, 0, journal=False) as (h, node):
+        c = await h.client()
+        real = segmented._pwrite_all
+        full = True
+
+        def pwrite_all(fd: int, data: Any, offset: int) -> None:
+            if full and len(data) > 100:  # the records, not the small index and header writes
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(fd, data, offset)
+
+        monkeypatch.setattr(segmented, "_pwrite_all", pwrite_all)
+        big = [make_record(t, bytes(1000)) for t in range(10)]
+        with caplog.at_level(logging.WARNING, logger="waltz.storage.node"):
+            for _ in range(5):
+                with pytest.raises(StorageError, match="No space left on device"):
+                    await c.append(1, 0, big[:1])
+            monkeypatch.setattr(node_module, "WRITE_FAILURE_LOG_INTERVAL", 0.0)
+            with pytest.raises(StorageError, match="No space left on device"):
+                await c.append(1, 0, big[:1])
+            full = False
+            await c.append(1, 0, big[:1])
+        lines = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records
+                 if r.name == "waltz.storage.node"]
+        assert lines == [
+            ("ERROR", "partition 0: append of 1 records failed: OSError(28, 'No space left on device')", True),
+            ("ERROR", "partition 0: appends still fail: 4 more groups since the last report: "
+                      "OSError(28, 'No space left on device')", False),
+            ("WARNING", "partition 0: appends are written again (they failed: OSError(28, 'No space left on "
+                        "device'))", False),
+        ], lines
+        assert node.healthy()[0] is True
+        assert list(await c.record_list(1, 0, 0, 10)) == big[:1]

@@ -718,7 +718,7 @@ class PartitionWorker:
             self._write_failures += 1
             return
         self.write_error = why
-        self._write_failures = 1
+        self._write_failures = 0
         self._write_error_logged = now
 
     def _append_succeeded(self, group: _AppendGroup, out: Replies) -> None:
@@ -1181,7 +1181,8 @@ class StorageNode:
         broken = {w.partition_id: str(w.error or w.open_error) for w in self.workers
                   if w.error is not None or w.open_error is not None}
         reasons = [] if self.state == "serving" else [f"storage node is {self.state}"]
-        reasons += [f"partition {pid} is broken: {error}" for pid, error in broken.items()]
+        reasons += [f"partition {w.partition_id} is broken: {w.error}" if w.error is not None else str(w.open_error)
+                    for w in self.workers if w.error is not None or w.open_error is not None]
         reasons += [f"partition {w.partition_id}: its last append could not be written: {w.write_error}"
                     for w in self.workers if w.write_error is not None]
         reasons += [f"{io.name}: {io.journal_failure()}" for io in self.io_threads if io.journal_error is not None]
