@@ -549,6 +549,8 @@ async def test_a_partition_whose_files_cannot_be_opened_is_not_ready_and_opens_a
         ready, details = node.healthy()
         assert not ready and "its files cannot be opened" in details["broken_partitions"][0], details
         assert "waltz_storage_failed_partitions 1" in node.metrics.render_prometheus()
+        admin = await h.admin()
+        assert await admin.assigned_partition_status() == {0: False}  # what `waltz cluster verify` asks
         with pytest.raises(StorageError, match=r"its files cannot be opened \(\[Errno 28\] No space left"):
             await c.max_transaction_id(1, 0)
         failing = False  # the operator freed space; the next request within the interval still waits
@@ -559,6 +561,7 @@ async def test_a_partition_whose_files_cannot_be_opened_is_not_ready_and_opens_a
         await c.append(1, 0, make_records(3, 2))
         assert node.healthy()[0] is True
         assert "waltz_storage_failed_partitions 0" in node.metrics.render_prometheus()
+        assert await admin.assigned_partition_status() == {0: True}
         assert list(await c.record_list(1, 0, 0, 10)) == make_records(0, 5)
 
 

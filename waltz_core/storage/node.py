@@ -1346,7 +1346,9 @@ class StorageNode:
         if t is am.MetricsRequest:
             return am.MetricsResponse(msg.seq_num, json.dumps(self.metrics.snapshot(), indent=2, default=str))
         if t is am.AssignedPartitionStatusRequest:
-            statuses = tuple((w.partition_id, bool(w.info and w.info.available and w.error is None))
+            # Available: it would serve a store session (not taken offline, its files open, its journal sound).
+            statuses = tuple((w.partition_id, bool(w.info and w.info.available and w.error is None
+                                                   and w.open_error is None and w.io.journal_error is None))
                              for w in self.workers if w.info is not None and w.info.assigned)
             return am.AssignedPartitionStatusResponse(msg.seq_num, statuses)
         raise ProtocolError(f"{t.__name__} is not a request the admin port serves")
