@@ -174,6 +174,38 @@ async def test_a_held_out_replica_that_restarts_comes_back_before_its_hold_ends(
     await store.close()
 
 
+async def test_a_replica_assigned_to_a_running_partition_joins_and_one_unassigned_leaves() -> None:
+    """The operator moves a replica (``waltz cluster assign-partition`` on the new node, then
+    ``unassign-partition`` on the old one): the running session rolls over to one on the new set,
+    which catches the new replica up; nothing waits for a failure or the checkpoint interval."""
+    replicas, meta, store, sink = make()
+    replicas["s4:1"] = Replica("s4:1")
+    await store.open(sink)
+    await append_n(store, 30)
+    await store.flush()
+    assert store.sessions_started == 1
+    meta.assignments[0] = EPS + ["s4:1"]
+    store.replicas_assigned(meta.assignments[0])
+    await wait_for(lambda: store.session is not None and "s4:1" in store.session.replicas and store.healthy)
+    ids = await append_n(store, 10, start=100)
+    await store.flush()
+    await wait_for(lambda: len(replicas["s4:1"].log(0)) == ids[-1] + 1)
+    assert replicas["s4:1"].log(0) == replicas["s1:1"].log(0)  # caught up from the start
+    meta.assignments[0] = ["s2:1", "s3:1", "s4:1"]
+    store.replicas_assigned(meta.assignments[0])
+    await wait_for(lambda: store.session is not None and sorted(store.session.replicas) == ["s2:1", "s3:1", "s4:1"])
+    s1_before = len(replicas["s1:1"].log(0))
+    ids = await append_n(store, 10, start=200)
+    await store.flush()
+    assert sink.committed == ids[-1]
+    assert len(replicas["s1:1"].log(0)) == s1_before  # the old replica gets nothing more
+    assert replicas["s4:1"].log(0) == replicas["s2:1"].log(0)
+    store.replicas_assigned(["s2:1", "s3:1", "s4:1"])  # the same set again: no new session
+    await asyncio.sleep(0.05)
+    assert sorted(store.session.replicas) == ["s2:1", "s3:1", "s4:1"] and not store.session.rolling_over
+    await store.close()
+
+
 async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
     replicas, _, store, sink = make()
     await store.open(sink)

@@ -683,32 +683,25 @@ class PartitionOwner(NamedTuple):
     server_id: int
 
 
-class AssignmentWatcher:
-    """A client's view of the assignment: ``{partition id: PartitionOwner(endpoint, generation, server_id)}``.
+class _Watcher:
+    """Read a key once, then again after every change of ``watched`` (level-triggered: changes
+    that come together are read once), retrying a failed read after a short back-off for as long
+    as the watcher runs. Subclasses read in :meth:`_refresh`."""
 
-    Only owned partitions appear. ``callback(mapping)`` (sync or async) is called on the event loop
-    after :meth:`start` and whenever the mapping changes.
-    """
+    name = "watcher"
 
-    def __init__(self, backend: CoordinationBackend, root: str,
-                 callback: Callable[[dict[int, PartitionOwner]], Awaitable[None] | None] | None = None) -> None:
+    def __init__(self, backend: CoordinationBackend, root: str) -> None:
         self.backend = backend
         self.root = root
         self.paths = Paths(root)
-        self._callback = callback
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._watch: WatchHandle | None = None
-        self.num_partitions = 0
-        self.current: dict[int, PartitionOwner] = {}
-        self._delivered: dict[int, PartitionOwner] | None = None
 
-    async def start(self) -> None:
-        """Read the assignment once (ClusterNotFoundError without a cluster) and keep watching it."""
-        self.num_partitions = (await get_cluster_params(self.backend, self.root)).num_partitions
-        self._watch = self.backend.watch(self.paths.server_descriptors, self._dirty.set)
+    async def _watch_and_read(self, watched: str) -> None:
+        self._watch = self.backend.watch(watched, self._dirty.set)
         await self._refresh()
-        self._task = asyncio.create_task(self._run(), name="waltz-assignment-watcher")
+        self._task = asyncio.create_task(self._run(), name=f"waltz-{self.name.replace(' ', '-')}")
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -726,10 +719,36 @@ class AssignmentWatcher:
             try:
                 await self._refresh()
                 delays = _WATCHER_BACKOFF.delays()
-            except CoordinationError as exc:  # any of them: the watcher lives as long as the client
-                log.warning("assignment watcher: %s; retrying", exc)
+            except CoordinationError as exc:  # any of them: the watcher lives as long as its process
+                log.warning("%s: %s; retrying", self.name, exc)
                 await asyncio.sleep(next(delays))
                 self._dirty.set()
+
+    async def _refresh(self) -> None:
+        raise NotImplementedError
+
+
+class AssignmentWatcher(_Watcher):
+    """A client's view of the assignment: ``{partition id: PartitionOwner(endpoint, generation, server_id)}``.
+
+    Only owned partitions appear. ``callback(mapping)`` (sync or async) is called on the event loop
+    after :meth:`start` and whenever the mapping changes.
+    """
+
+    name = "assignment watcher"
+
+    def __init__(self, backend: CoordinationBackend, root: str,
+                 callback: Callable[[dict[int, PartitionOwner]], Awaitable[None] | None] | None = None) -> None:
+        super().__init__(backend, root)
+        self._callback = callback
+        self.num_partitions = 0
+        self.current: dict[int, PartitionOwner] = {}
+        self._delivered: dict[int, PartitionOwner] | None = None
+
+    async def start(self) -> None:
+        """Read the assignment once (ClusterNotFoundError without a cluster) and keep watching it."""
+        self.num_partitions = (await get_cluster_params(self.backend, self.root)).num_partitions
+        await self._watch_and_read(self.paths.server_descriptors)
 
     async def _refresh(self) -> None:
         assignment, _ = await read_assignment(self.backend, self.root)
@@ -742,9 +761,37 @@ class AssignmentWatcher:
                 await _call(self._callback, dict(owners))
 
 
+class ReplicaAssignmentWatcher(_Watcher):
+    """A server's view of the replica assignment (``<root>/store/assignment``, edited by ``waltz
+    cluster assign-partition`` / ``unassign-partition``): ``callback({partition id: sorted
+    storage endpoints})`` after :meth:`start` and whenever it changes, so that the partitions it
+    owns start sessions on their new replicas (the original's ``onReplicaAssignmentsUpdate``)."""
+
+    name = "replica assignment watcher"
+
+    def __init__(self, backend: CoordinationBackend, root: str,
+                 callback: Callable[[dict[int, list[str]]], Awaitable[None] | None]) -> None:
+        super().__init__(backend, root)
+        self._callback = callback
+        self._delivered: dict[int, list[str]] | None = None
+
+    async def start(self) -> None:
+        await self._watch_and_read(self.paths.assignment)
+
+    async def _refresh(self) -> None:
+        by_partition: dict[int, list[str]] = {}
+        for endpoint, pids in sorted((await StoreMetadata(self.backend, self.root).get_replica_assignments()).items()):
+            for pid in pids:
+                by_partition.setdefault(pid, []).append(endpoint)
+        if by_partition != self._delivered:
+            self._delivered = by_partition
+            await _call(self._callback, by_partition)
+
+
 __all__ = [
     "ABSENT_VERSION", "UNRESOLVED", "AssignmentWatcher", "ClusterListing", "ClusterManager", "ClusterParams",
-    "PartitionAssignment", "PartitionInfo", "PartitionMetadata", "PartitionOwner", "Paths", "ReplicaState",
+    "PartitionAssignment", "PartitionInfo", "PartitionMetadata", "PartitionOwner", "Paths",
+    "ReplicaAssignmentWatcher", "ReplicaState",
     "ServerAssignment", "ServerDescriptor", "StoreMetadata", "StoreParams", "allocate_client_id",
     "allocate_server_id", "compute_assignment", "create_cluster", "delete_cluster", "format_partition_ranges",
     "get_cluster_params", "list_cluster", "list_servers", "parse_partition_ranges", "read_assignment",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import ServerProcessConfig
 from ..coordination import open_coordination
 from ..coordination.metadata import ServerDescriptor
-from ..coordination.recipes import ClusterManager, ServerAssignment, StoreMetadata
+from ..coordination.recipes import ClusterManager, ReplicaAssignmentWatcher, ServerAssignment, StoreMetadata
 from ..errors import ConnectionClosedError, ProtocolError, TransportError, WaltzError
 from ..eventloop import loop_name
 from ..http import HttpEndpoint
@@ -53,6 +53,8 @@ class WaltzServer:
         self.runtime = runtime
         self.registries = runtime.registries
         self.partitions: dict[int, Partition] = {}
+        self._stores: dict[int, ReplicatedStore] = {}  #: the replicated store of each partition in self.partitions
+        self._replica_watcher: ReplicaAssignmentWatcher | None = None
         self.metrics = MetricsRegistry("waltz_server")
         self.name = "waltz-server"
         self._listener: Listener | None = None
@@ -96,6 +98,9 @@ class WaltzServer:
         )
         await self.cluster.start()
         self.name = f"waltz-server-{self.cluster.server_id}"
+        self._replica_watcher = ReplicaAssignmentWatcher(self.coordination, cfg.coordination.root,
+                                                         self._on_replica_assignment)
+        await self._replica_watcher.start()
         self._register_metrics()
         if cfg.http.port:
             self._http = HttpEndpoint(service_name="waltz-server", version=core_version(), metrics=self.metrics,
@@ -114,6 +119,8 @@ class WaltzServer:
             return
         self._closed = True
         self.runtime.hook.waltz_process_stopping(kind="server", name=self.name)
+        if self._replica_watcher is not None:
+            await self._replica_watcher.close()
         await self.cluster.close()
         if self._listener is not None:
             await self._listener.close()
@@ -163,6 +170,7 @@ class WaltzServer:
         self.metrics.counter("lock_failures", "Appends rejected by the lock table since the partition opened here",
                              labels, fn=lambda: partition.lock_failures)
         self.partitions[pid] = partition
+        self._stores[pid] = store
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
 
         async def run() -> None:
@@ -181,12 +189,19 @@ class WaltzServer:
 
     async def _close_partition(self, pid: int) -> None:
         partition = self.partitions.pop(pid, None)
+        self._stores.pop(pid, None)
         if partition is None:
             return
         await partition.close()
         self.metrics.remove({"partition": str(pid)})
         log.info("%s: closed partition %d", self.name, pid)
         self.runtime.hook.waltz_partition_closed(server_name=self.name, partition_id=pid)
+
+    def _on_replica_assignment(self, by_partition: dict[int, list[str]]) -> None:
+        """``waltz cluster assign-partition`` / ``unassign-partition`` changed the replicas: each
+        partition this server owns starts its next session on its new set."""
+        for pid, store in self._stores.items():
+            store.replicas_assigned(by_partition.get(pid, []))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

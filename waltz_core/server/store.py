@@ -490,6 +490,8 @@ class ReplicatedStore:
         #: replicas whose nodes refused writes -> (kept out of new sessions until, the hold's length,
         #: the connection that refused: a new one, after the node's restart, ends the hold)
         self._held_out: dict[str, tuple[float, float, object]] = {}
+        #: the replicas the coordination service assigns now (replicas_assigned), if it said
+        self._assigned_now: list[str] | None = None
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -534,6 +536,27 @@ class ReplicatedStore:
                 log.warning("partition %d: %s; giving the partition up", self.partition_id, exc)
                 self.last_error = str(exc)
                 return
+
+    def replicas_assigned(self, endpoints: Sequence[str]) -> None:
+        """The partition's replica assignment changed (``waltz cluster assign-partition`` /
+        ``unassign-partition``): a session on another set of replicas drains and rolls over to a
+        new one, whose recovery takes the new replicas in (and catches them up) and leaves the
+        others. A session that starts meanwhile is checked when it opens."""
+        self._assigned_now = sorted(endpoints)
+        self._roll_over_if_reassigned()
+
+    def _roll_over_if_reassigned(self) -> None:
+        s = self.session
+        if s is None or s.broken or s.rolling_over or self._assigned_now is None:
+            return
+        if sorted(s.assigned) == self._assigned_now:
+            return
+        log.info("partition %d: its replicas are now %s (session %d has %s); rolling over to a new session",
+                 self.partition_id, self._assigned_now, s.session_id, sorted(s.assigned))
+        s.rolling_over = True
+        if s.last_assigned == s.committed:
+            self._restart.set()
+        self._notify()
 
     def hold_out(self, endpoint: str, api: object) -> None:
         """Keep ``endpoint`` out of new sessions for a while: its node refused a session's writes
@@ -627,6 +650,7 @@ class ReplicatedStore:
         if self.sessions_started > 1 and self._sink is not None:
             self._sink.on_session_reset(result.high_water_mark)
         self._notify()
+        self._roll_over_if_reassigned()  # the assignment changed while this session was recovering
 
     # ---------------------------------------------------------------------- session events
 
