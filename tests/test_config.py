@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from waltz_core.cli.main import build_cli
 from waltz_core.config import (
     PROCESS_CONFIGS,
+    CliConfig,
     ClientConfig,
     ClientProcessConfig,
     ServerConfig,
@@ -135,6 +136,20 @@ def test_unknown_section_lists_the_sections(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"sever: unknown key; did you mean 'server'\? "
                                           r"\(known keys: coordination, http, process, security, server, transport\)"):
         load(ServerProcessConfig, path, environ=NO_ENV)
+
+
+@pytest.mark.parametrize("own_table", ["[client]\nmax_concurrent_transactions = 7",
+                                       "[server]\nport = 55180\n[http]\nport = 0",
+                                       "[storage]\nport = 55280\ndirectory = '/var/lib/waltz'\n[security]\ninsecure = true"])
+def test_a_client_or_node_config_works_as_the_command_lines(tmp_path: Path, own_table: str) -> None:
+    """`waltz cluster verify -c client.toml` (the file `waltz up` writes), or `waltz storage
+    sync-partitions -c /etc/waltz/storage.toml` on a storage host: the command line takes the
+    file's transport and coordination and leaves the process's own tables alone."""
+    path = write(tmp_path, f"{own_table}\n[transport]\nname = 'memory'\n[coordination]\nconnect = '/c'\nroot = '/w'\n")
+    cli = load(CliConfig, path, environ=NO_ENV)
+    assert (cli.transport.name, cli.coordination.connect, cli.coordination.root) == ("memory", "/c", "/w")
+    with pytest.raises(ConfigError, match=r"clinet: unknown key \(known keys: coordination, transport\)"):
+        load(CliConfig, write(tmp_path, "[clinet]\nx = 1\n"), environ=NO_ENV)
 
 
 def test_unknown_env_key_of_a_known_section_is_an_error() -> None:

@@ -323,7 +323,9 @@ class ClientProcessConfig:
 
 @attrs.frozen
 class CliConfig:
-    """The `waltz` command line (cluster and admin tools)."""
+    """The `waltz` command line (cluster and admin tools). A server's, storage node's or client's
+    config file works as one too: the command line reads its transport and coordination and
+    leaves the process's own tables alone."""
 
     transport: TransportConfig = key(TransportConfig(), "Transport for admin links.")
     coordination: CoordinationConfig = key(CoordinationConfig(), "Coordination backend.")
@@ -336,6 +338,11 @@ PROCESS_CONFIGS: dict[str, type[Any]] = {
     "client": ClientProcessConfig,
     "cli": CliConfig,
 }
+
+#: The tables of the process configs that a command line config skips (see CliConfig).
+_PROCESS_TABLES = frozenset(
+    f.name for c in (ServerProcessConfig, StorageProcessConfig, ClientProcessConfig) for f in attrs.fields(c)
+) - {f.name for f in attrs.fields(CliConfig)}
 
 # ------------------------------------------------------------------------------------- loading
 
@@ -566,6 +573,8 @@ def load_with_sources(cls: type[C], path: str | os.PathLike[str] | None = None, 
             raise ConfigError(f"{label}: not valid TOML: {exc}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{label}: not valid TOML: not UTF-8 text") from None
+        if cls is CliConfig:  # a node's or a client's file: its transport and coordination are the CLI's
+            data = {k: v for k, v in data.items() if k not in _PROCESS_TABLES}
         sources.update(dict.fromkeys(_paths(data), label))
     env, env_sources = _env_layer(cls, os.environ if environ is None else environ)
     _merge(data, env, label)

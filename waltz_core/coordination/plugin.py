@@ -50,7 +50,8 @@ def waltz_register_coordination_backends(registry: Registry[CoordinationFactory]
 def _coordination_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-                     help="A CLI config file (TOML, [coordination] table); options below override it."),
+                     help="A CLI config file (TOML, [coordination] table; a client's or a node's config works too); "
+                          "options below override it."),
         click.option("--coordination", "backend_name", metavar="NAME",
                      help="Coordination backend: local, zookeeper, etcd or a plugin's (default: local)."),
         click.option("--connect", metavar="CONNECT",

@@ -29,7 +29,7 @@ def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Partition count (default: read from coordination).")(fn)
     fn = click.option("--cluster-key", type=click.UUID, help="Cluster key (default: read from coordination).")(fn)
     fn = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-                      help="CLI config (transport, coordination).")(fn)
+                      help="CLI config (transport, coordination; a client's or a node's config works too).")(fn)
     return fn
 
 
@@ -656,7 +656,7 @@ def dump_journal(journal: str, as_json: bool) -> None:
 
 
 @storage_group.command("sync-partitions")
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="CLI config (transport, coordination).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="CLI config (transport, coordination; a client's or a node's config works too).")
 def sync_partitions(config_path: str | None) -> None:
     """Make every storage node hold exactly the partitions coordination assigns it (no files deleted).
 
