@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
+from waltz_core.config import CoordinationConfig
 from waltz_core.testing.cluster import ClusterSpec, ProcessCluster, wait_replica_holds
 from waltz_core.testing.probe import PartitionProbe
 
@@ -31,8 +33,15 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout
 
 
-async def test_a_replica_moves_to_another_storage_node_while_the_partition_runs(tmp_path: Path) -> None:
-    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=4, num_servers=1, transport="tcp")
+@pytest.mark.parametrize("coordination", ["local", "zookeeper"])
+async def test_a_replica_moves_to_another_storage_node_while_the_partition_runs(
+        coordination: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    config = None
+    if coordination == "zookeeper":  # a real ZooKeeper's watch on the replica assignment
+        zk = request.getfixturevalue("zookeeper_server")
+        config = CoordinationConfig(name="zookeeper", connect=zk.connect_string, root=f"/waltz-{uuid.uuid4().hex[:8]}",
+                                    session_timeout=4.0)
+    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=4, num_servers=1, transport="tcp", coordination=config)
     spec.write_configs()
     await spec.bootstrap()
     cli = str(tmp_path / "cli.toml")  # the operator's CLI config: the client's without its [client] table
