@@ -232,3 +232,17 @@ def test_a_node_whose_certificate_has_expired_says_so(tmp_path: Path) -> None:
         sp.proc.stdout.close()  # type: ignore[union-attr]
         sp.proc.stderr.close()
     assert f"certificate tls_cert {cert_path} expired at " in err and "peers refuse its handshakes" in err, err
+
+
+@pytest.mark.parametrize(("directory", "why"), [("afile", "it is a file, not a directory"),
+                                                ("afile/data", "Not a directory")])
+def test_a_storage_directory_that_cannot_be_used_is_one_error_line(tmp_path: Path, directory: str, why: str) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    config = tmp_path / "storage.toml"
+    config.write_text(f'[storage]\ndirectory = "{tmp_path / directory}"\nport = 0\nadmin_port = 0\n')
+    done = subprocess.run([*WALTZ, "storage", "start", "--config", str(config), "--cluster-key", str(uuid.uuid4()),
+                           "--num-partitions", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: cannot open the storage directory {tmp_path / directory}: {why}"), done.stderr
+    assert "Traceback" not in done.stderr

@@ -1134,7 +1134,14 @@ class StorageNode:
     async def start(self) -> None:
         """Open the layout and every assigned partition (repairing torn tails), start the workers."""
         loop = self._loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.layout.open, self.cluster_key, self.num_partitions)
+        try:
+            await loop.run_in_executor(None, self.layout.open, self.cluster_key, self.num_partitions)
+        except OSError as exc:  # the machine's (a read-only or full filesystem, a path through a file): one line
+            where = getattr(self.layout, "directory", "") or type(self.layout).__name__
+            why = "it is a file, not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+            raise StorageError(f"cannot open the storage directory {where}: {why}"
+                               f"{' (' + str(exc.filename) + ')' if exc.filename and str(exc.filename) != str(where) else ''}"
+                               ) from exc
         self.repairs.extend(self.layout.repairs())
         try:
             # Before any partition is opened: records acknowledged from a journal go back into their files.
