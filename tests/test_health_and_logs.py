@@ -308,3 +308,20 @@ def test_waltz_up_children_inherit_the_log_format(tmp_path: Path) -> None:
         assert lines, name
         for line in lines:
             check_json_line(line)
+
+
+async def test_an_http_port_in_use_is_a_config_error_naming_the_keys() -> None:
+    """A server or storage node whose http.port is taken says so in one line (the CLI prints a
+    ConfigError as 'error: ...'), instead of ending in an OSError's traceback."""
+    import socket
+
+    from waltz_core.errors import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ep = HttpEndpoint(service_name="t", version="0")
+        with pytest.raises(ConfigError, match=rf"^http.host/http.port: cannot serve HTTP on 127.0.0.1:{port}: .*in use"):
+            await ep.start("127.0.0.1", port)
+        await ep.close()  # nothing to close: harmless

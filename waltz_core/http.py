@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
+from .errors import ConfigError
 from .metrics import MetricsRegistry, process_registry
 from .timeouts import wait_for
 
@@ -169,7 +170,8 @@ class HttpEndpoint:
         return self._process_metrics
 
     async def start(self, host: str, port: int) -> None:
-        """Listen on ``host:port`` from the endpoint's own thread (OSError if it cannot)."""
+        """Listen on ``host:port`` from the endpoint's own thread (ConfigError naming ``http.port``
+        if it cannot: a port in use, an address not of this host)."""
         self._main_loop = asyncio.get_running_loop()
         ready: concurrent.futures.Future[str] = concurrent.futures.Future()
         self._stopped = concurrent.futures.Future()
@@ -178,8 +180,11 @@ class HttpEndpoint:
         self._thread.start()
         try:
             self._address = await asyncio.wrap_future(ready)
-        except BaseException:
+        except BaseException as exc:
             self._thread = None
+            if isinstance(exc, OSError):
+                raise ConfigError(f"http.host/http.port: cannot serve HTTP on {host}:{port}: "
+                                  f"{exc.strerror or exc}") from exc
             raise
         self.heartbeat.start()
 
