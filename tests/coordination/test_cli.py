@@ -63,15 +63,40 @@ def test_storage_node_edits(coord: list[str]) -> None:
     assert data["groups"] == {"127.0.0.1:7000": 0, "127.0.0.1:7100": 0}
     table = run("cluster", "list", *coord).output
     assert "0-6,9" in table
-    assert run("cluster", "unassign-partition", *coord, "-p", "0-6,9", "-s", "127.0.0.1:7000").exit_code == 0
+    # Their only replicas: refused unless --force (a partition would keep none).
+    code, _, err = run_main("cluster", "unassign-partition", *coord, "-p", "0-6,9", "-s", "127.0.0.1:7000")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "partitions 0-6,9 would keep fewer than a majority of their replicas (partition 0: 0 of 1)" in err
+    assert run("cluster", "unassign-partition", *coord, "-p", "0-6,9", "-s", "127.0.0.1:7000", "--force").exit_code == 0
     auto = run("cluster", "auto-assign", *coord, "-g", "0")
     assert auto.exit_code == 0 and "127.0.0.1:7000: 0,2,4,6,8" in auto.output
     code, _, err = run_main("cluster", "remove-storage-node", *coord, "-s", "127.0.0.1:7100")
     assert code == 1 and err.count("\n") == 1 and "still has partitions 1,3,5,7,9 assigned" in err
-    assert run("cluster", "unassign-partition", *coord, "-p", "1,3,5,7,9", "-s", "127.0.0.1:7100").exit_code == 0
+    assert run("cluster", "unassign-partition", *coord, "-p", "1,3,5,7,9", "-s", "127.0.0.1:7100",
+               "--force").exit_code == 0
     assert run("cluster", "remove-storage-node", *coord, "-s", "127.0.0.1:7100").exit_code == 0
     data = json.loads(run("cluster", "list", *coord, "--json").output)
     assert data["groups"] == {"127.0.0.1:7000": 0}
+
+
+def test_unassigning_keeps_a_majority_of_each_partitions_replicas_unless_forced(coord: list[str]) -> None:
+    """Moving one replica at a time (3 -> 4 -> 3) and dropping a lost node's (3 -> 2) pass; going
+    below a majority of the replicas a partition has (2 -> 1) could leave only replicas that lack
+    committed records, and is refused without --force."""
+    assert run("cluster", "create", *coord, "-n", "demo", "--partitions", "2").exit_code == 0
+    nodes = [f"127.0.0.1:{port}" for port in (7000, 7100, 7200, 7300)]
+    for node in nodes:
+        assert run("cluster", "add-storage-node", *coord, "-s", node, "-a", "1", "-g", "0").exit_code == 0
+    for node in nodes[:3]:
+        assert run("cluster", "assign-partition", *coord, "-p", "0-1", "-s", node).exit_code == 0
+    assert run("cluster", "assign-partition", *coord, "-p", "0-1", "-s", nodes[3]).exit_code == 0  # 4 replicas
+    assert run("cluster", "unassign-partition", *coord, "-p", "0-1", "-s", nodes[0]).exit_code == 0  # 3 of 4
+    assert run("cluster", "unassign-partition", *coord, "-p", "0", "-s", nodes[1]).exit_code == 0  # 2 of 3
+    code, _, err = run_main("cluster", "unassign-partition", *coord, "-p", "0-1", "-s", nodes[2])
+    assert code == 1 and "partition 0 would keep 1 of its 2 replicas, fewer than a majority: its committed" in err
+    data = json.loads(run("cluster", "list", *coord, "--json").output)
+    assert data["replica_assignments"][nodes[2]] == [0, 1]  # refused as a whole: nothing changed
+    assert run("cluster", "unassign-partition", *coord, "-p", "0-1", "-s", nodes[2], "--force").exit_code == 0
 
 
 def test_delete_needs_the_name(coord: list[str]) -> None:

@@ -301,13 +301,17 @@ async def assign_partition_command(backend: CoordinationBackend, root: str, part
 @click.option("-p", "--partition", "partitions", required=True, metavar="IDS", callback=partition_ids_callback,
               help="Partition ids or ranges: 0-6,9.")
 @click.option("-s", "--storage", required=True, metavar="HOST:PORT", help="The storage node.")
+@click.option("--force", is_flag=True,
+              help="Also when a partition would keep fewer than a majority of its replicas (none included).")
 @_with_backend
-async def unassign_partition_command(backend: CoordinationBackend, root: str, partitions: list[int], storage: str) -> None:
-    """Remove replicas of partitions from a storage node."""
+async def unassign_partition_command(backend: CoordinationBackend, root: str, partitions: list[int], storage: str,
+                                     force: bool) -> None:
+    """Remove replicas of partitions from a storage node (refused when a partition would keep fewer
+    than a majority of its replicas, unless --force)."""
     from .metadata import format_partition_ranges
     from .recipes import StoreMetadata
 
-    await StoreMetadata(backend, root).unassign_partitions(storage, partitions)
+    await StoreMetadata(backend, root).unassign_partitions(storage, partitions, keep_majority=not force)
     _console().print(f"unassigned partitions {format_partition_ranges(partitions)} from {storage}")
 
 

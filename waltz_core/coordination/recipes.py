@@ -459,8 +459,15 @@ class StoreMetadata:
 
             await self._edit(self.paths.assignment, parse_replica_assignments, with_added)
 
-    async def unassign_partitions(self, storage: str, partitions: Iterable[int]) -> None:
-        """Remove replicas of ``partitions`` from ``storage``; refused for partitions not assigned there."""
+    async def unassign_partitions(self, storage: str, partitions: Iterable[int], *, keep_majority: bool = False) -> None:
+        """Remove replicas of ``partitions`` from ``storage``; refused for partitions not assigned there.
+
+        ``keep_majority`` (what ``waltz cluster unassign-partition`` asks unless ``--force``): also
+        refused for a partition that would keep fewer than a majority of its replicas, none
+        included. A partition's committed records are on a majority of its replicas, not
+        necessarily on the ones that stay: removing more could leave only replicas that lack some,
+        and the next session's recovery would then settle for what they hold.
+        """
         ids = await self._partition_ids(partitions)
         async with self.admin_lock():
             current = await self.get_replica_assignments()
@@ -469,6 +476,19 @@ class StoreMetadata:
             missing = sorted(set(ids) - set(current[storage]))
             if missing:
                 raise MetadataEditError(f"partitions {format_partition_ranges(missing)} are not assigned to {storage}")
+            if keep_majority:
+                counts = {pid: sum(pid in pids for pids in current.values()) for pid in ids}
+                short = sorted(pid for pid, n in counts.items() if n - 1 < n // 2 + 1)
+                if short:
+                    n = counts[short[0]]
+                    which = (f"partition {short[0]} would keep {n - 1} of its {n} replicas, fewer than a majority: "
+                             f"its" if len(short) == 1 else
+                             f"partitions {format_partition_ranges(short)} would keep fewer than a majority of their "
+                             f"replicas (partition {short[0]}: {n - 1} of {n}): their")
+                    raise MetadataEditError(
+                        f"{which} committed records may be only on the replicas that go. Move one replica at a time: "
+                        f"assign the new one and let it catch up first (docs/operations.md, 'Move a replica to "
+                        f"another storage node'), or --force")
             def with_removed(m: dict[str, list[int]]) -> dict[str, list[int]]:
                 return {**m, storage: sorted(set(m.get(storage, [])) - set(ids))}
 
