@@ -206,6 +206,36 @@ async def test_a_replica_assigned_to_a_running_partition_joins_and_one_unassigne
     await store.close()
 
 
+async def test_a_replica_assigned_but_not_yet_held_by_its_node_does_not_churn_sessions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Assigned in coordination before ``sync-partitions`` gave the node the partition: the node
+    answers the recovery with a refusal. It is held out like a node that refuses writes, instead
+    of being taken in by every probe (a new session each time), and joins once it holds it."""
+    monkeypatch.setattr(store_module, "REFUSAL_HOLD_FIRST", 0.2)
+    monkeypatch.setattr(store_module, "PROBE_INTERVAL", 0.02)
+    replicas, meta, store, sink = make()
+    replicas["s4:1"] = Replica("s4:1")
+    replicas["s4:1"].not_holding = {0}
+    await store.open(sink)
+    await append_n(store, 10)
+    await store.flush()
+    meta.assignments[0] = EPS + ["s4:1"]
+    store.replicas_assigned(meta.assignments[0])
+    await asyncio.sleep(1.5)
+    # Held 0.2, 0.4, then 0.8 s: at most 4 refused recoveries (without the hold, one per probe:
+    # more than 30 in 1.5 s), each its own session.
+    assert 1 <= replicas["s4:1"].refusals <= 4, replicas["s4:1"].refusals
+    assert store.healthy and store.sessions_started <= 6, store.sessions_started
+    replicas["s4:1"].not_holding.clear()  # the operator ran sync-partitions
+    await wait_for(lambda: store.session is not None and "s4:1" in store.session.replicas and store.healthy,
+                   timeout=10)
+    ids = await append_n(store, 5, start=100)
+    await store.flush()
+    await wait_for(lambda: replicas["s4:1"].log(0) == replicas["s1:1"].log(0))
+    assert sink.committed == ids[-1]
+    await store.close()
+
+
 async def test_two_replicas_down_stall_and_resume_when_one_returns() -> None:
     replicas, _, store, sink = make()
     await store.open(sink)

@@ -82,8 +82,12 @@ class Recovery:
         connect: Callable[[str], Awaitable[ReplicaApi | None]],
         retry_interval: float = 0.1,
         max_retry_interval: float = 2.0,
+        on_replica_error: Callable[[str, ReplicaApi, WaltzError], None] | None = None,
     ) -> None:
         self.partition_id = partition_id
+        #: told of every replica that answered the recovery with an error (the store holds out a
+        #: node that refuses: one that does not hold the partition yet, a full disk)
+        self._on_replica_error = on_replica_error
         self.session_id = session_id
         self.assigned = list(assigned)
         self.states = dict(states)
@@ -163,6 +167,8 @@ class Recovery:
             r.prepared = True
         except WaltzError as exc:
             log.warning("partition %d: replica %s unavailable for recovery: %s", self.partition_id, r.endpoint, exc)
+            if self._on_replica_error is not None:
+                self._on_replica_error(r.endpoint, r.api, exc)
             r.api = None
 
     def _evaluate(self, replicas: dict[str, _Replica]) -> VoteResult:

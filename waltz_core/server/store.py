@@ -558,6 +558,13 @@ class ReplicatedStore:
             self._restart.set()
         self._notify()
 
+    def _recovery_error(self, endpoint: str, api: object, exc: WaltzError) -> None:
+        # A node that answers the recovery with a refusal (it does not hold the partition yet:
+        # assigned in coordination, not on the node; a full disk) would otherwise be taken in by
+        # the next probe, a second later, and refuse again: a new session every second.
+        if refused_by_storage(exc):
+            self.hold_out(endpoint, api)
+
     def hold_out(self, endpoint: str, api: object) -> None:
         """Keep ``endpoint`` out of new sessions for a while: its node refused a session's writes
         through ``api`` (see :data:`REFUSAL_HOLD_FIRST`)."""
@@ -618,7 +625,8 @@ class ReplicatedStore:
         if not assigned:
             raise PartitionNotReadyError(f"partition {pid} has no replicas assigned")
         recovery = Recovery(pid, session_id, assigned, states, self._connect_replica,
-                            self.config.initial_retry_interval, min(self.config.max_retry_interval, 2.0))
+                            self.config.initial_retry_interval, min(self.config.max_retry_interval, 2.0),
+                            on_replica_error=self._recovery_error)
         result = await recovery.run()
         await self.metadata.write_states(pid, self.generation, session_id, result.replica_states)
         session = StoreSession(self, session_id, result.high_water_mark, assigned)

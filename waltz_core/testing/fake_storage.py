@@ -20,6 +20,7 @@ from ..errors import (
     ConnectionClosedError,
     GenerationMismatchError,
     OutOfOrderAppendError,
+    PartitionNotFoundError,
     StaleSessionError,
     StorageError,
     WaltzError,
@@ -48,6 +49,9 @@ class FakeReplica:
         #: when set, appends are refused with a StorageError of this text (the node answers: a full disk)
         self.refuse_appends: str | None = None
         self.refusals = 0
+        #: partitions assigned to it in the metadata but not on the node (sync-partitions not run):
+        #: every request for them is refused, as the storage node does
+        self.not_holding: set[int] = set()
         self.delay = 0.0
         self.appends = 0
         self.reads = 0  #: record_list calls answered
@@ -55,6 +59,9 @@ class FakeReplica:
     def _p(self, session_id: int, partition_id: int) -> _FakePartition:
         if self.down:
             raise ConnectionClosedError(f"storage {self.endpoint} is down")
+        if partition_id in self.not_holding:
+            self.refusals += 1
+            raise PartitionNotFoundError(f"partition {partition_id} is not assigned to this storage node")
         p = self.partitions.setdefault(partition_id, _FakePartition())
         if session_id < p.max_session_seen:
             raise StaleSessionError(f"session {session_id} is older than {p.max_session_seen}")
