@@ -113,17 +113,25 @@ async def test_a_replica_failure_starts_a_new_session_and_loses_nothing_committe
     await store.close()
 
 
-async def test_a_replica_that_refuses_writes_is_held_out_of_new_sessions_until_it_takes_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A node that answers but refuses every write (a full disk) must not roll the partition over
-    to a new session at the rate of its refusals: it is kept out for a hold that grows."""
-    monkeypatch.setattr(store_module, "REFUSAL_HOLD_FIRST", 0.2)
+async def _open_with_a_full_replica(monkeypatch: pytest.MonkeyPatch, hold_first: float,
+                                    ) -> tuple[dict[str, FakeReplica], ReplicatedStore, Sink]:
+    """A store with 10 commits whose replica s2 then refuses every append (a full disk); holds
+    start at ``hold_first`` seconds and missing replicas are probed every 20 ms."""
+    monkeypatch.setattr(store_module, "REFUSAL_HOLD_FIRST", hold_first)
     monkeypatch.setattr(store_module, "PROBE_INTERVAL", 0.02)
     replicas, _, store, sink = make()
     await store.open(sink)
     await append_n(store, 10)
     await store.flush()
     replicas["s2:1"].refuse_appends = "partition 0: write failed: [Errno 28] No space left on device"
+    return replicas, store, sink
+
+
+async def test_a_replica_that_refuses_writes_is_held_out_of_new_sessions_until_it_takes_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that answers but refuses every write (a full disk) must not roll the partition over
+    to a new session at the rate of its refusals: it is kept out for a hold that grows."""
+    replicas, store, sink = await _open_with_a_full_replica(monkeypatch, hold_first=0.2)
     deadline = asyncio.get_running_loop().time() + 1.5
     n = 10
     while asyncio.get_running_loop().time() < deadline:  # a steady load for 1.5 s, committed on s1 and s3
@@ -150,13 +158,7 @@ async def test_a_replica_that_refuses_writes_is_held_out_of_new_sessions_until_i
 async def test_a_held_out_replica_that_restarts_comes_back_before_its_hold_ends(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator freed the space and restarted the node: a new connection to it ends the hold."""
-    monkeypatch.setattr(store_module, "REFUSAL_HOLD_FIRST", 30.0)
-    monkeypatch.setattr(store_module, "PROBE_INTERVAL", 0.02)
-    replicas, _, store, sink = make()
-    await store.open(sink)
-    await append_n(store, 10)
-    await store.flush()
-    replicas["s2:1"].refuse_appends = "partition 0: write failed: [Errno 28] No space left on device"
+    replicas, store, sink = await _open_with_a_full_replica(monkeypatch, hold_first=30.0)
     await append_n(store, 10, start=10)
     await wait_for(lambda: replicas["s2:1"].refusals == 1 and store.healthy
                    and "s2:1" not in store.session.replicas)  # type: ignore[union-attr]

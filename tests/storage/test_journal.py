@@ -708,8 +708,7 @@ async def test_a_node_restarted_on_a_still_full_disk_refuses_to_start_and_keeps_
         assert journaled, "the acknowledged batches are in the journal"
         with pytest.raises(StorageError, match=r"No space left on device\. Nothing was lost.*free space on the "
                                                r"filesystem of .* and start again"):
-            async with _journaled_node(directory, cluster_key):
-                pass
+            await NodeHarness(directory, cluster_key, node_options={"journal": True}).start()
         assert [e for p in journal_paths(directory) for e in read_journal(p)[0]] == journaled
         disk.free()
         async with _journaled_node(directory, cluster_key, 0) as (node, c):
