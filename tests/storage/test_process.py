@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from waltz_core.config import TransportConfig
-from waltz_core.errors import ConnectionClosedError, FrameTooLargeError, ProtocolError
+from waltz_core.errors import ConnectionClosedError, FrameTooLargeError, ProtocolError, StorageError
 from waltz_core.runtime import Runtime
 from waltz_core.storage.client import StorageClient
 from waltz_core.testing import require
@@ -50,42 +51,55 @@ def http_get(url: str) -> bytes:
 
 
 class StorageProcess:
-    def __init__(self, directory: Path, key: uuid.UUID, max_frame_size: int = 1 << 20, tcp: str = "") -> None:
+    def __init__(self, directory: Path, key: uuid.UUID, max_frame_size: int = 1 << 20, tcp: str = "",
+                 num_partitions: int = 2, open_files: tuple[int, int] | None = None) -> None:
         self.key = key
+        self.num_partitions = str(num_partitions)
+        self.open_files = open_files  #: (soft, hard) limit of open files the process starts with
         self.config = directory / "storage.toml"
         self.config.write_text(
             f'[storage]\ndirectory = "{directory / "data"}"\nport = 0\nadmin_port = 0\nindex_checkpoint_interval = 50\n'
             f'[transport]\nname = "tcp"\nmax_frame_size = {max_frame_size}\n[http]\nport = {_free_port()}\n'
             + (f"[transport.tcp]\n{tcp}\n" if tcp else ""))
+        self.stderr_path = directory / "storage.stderr"
         self.proc: subprocess.Popen[str] | None = None
         self.data = self.admin = self.http = ""
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [*WALTZ, "storage", "start", "--config", str(self.config), "--cluster-key", str(self.key),
-             "--num-partitions", "2"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # stderr to a file, not a pipe: a node that logs much (a test of failures) never blocks on it
+        with open(self.stderr_path, "a") as stderr:
+            self.proc = subprocess.Popen(
+                [*WALTZ, "storage", "start", "--config", str(self.config), "--cluster-key", str(self.key),
+                 "--num-partitions", self.num_partitions],
+                stdout=subprocess.PIPE, stderr=stderr, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=self._limit if self.open_files else None)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         m = re.search(r"data=(\S+) admin=(\S+) http=(\S+)", line)
         if not m:
             self.proc.kill()
-            _out, err = self.proc.communicate(timeout=30)
-            raise AssertionError(f"storage did not start: {line!r} {err}")
+            self.proc.communicate(timeout=30)
+            raise AssertionError(f"storage did not start: {line!r} {self.log()}")
         self.data, self.admin, self.http = m.groups()
+
+    def log(self) -> str:
+        """What the process (and its earlier runs) wrote to stderr."""
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+    def _limit(self) -> None:
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.open_files)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*WALTZ, "storage", *args, "-a", self.admin, "--cluster-key", str(self.key),
-                               "--num-partitions", "2"], capture_output=True, text=True, timeout=60)
+                               "--num-partitions", self.num_partitions], capture_output=True, text=True, timeout=60)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
         self.proc.send_signal(sig)
         rc = self.proc.wait(timeout=30)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return rc
 
 
@@ -225,12 +239,8 @@ def test_a_node_whose_certificate_has_expired_says_so(tmp_path: Path) -> None:
         gauge = f'waltz_tls_certificate_expiry_timestamp_seconds{{certificate="tls_cert {cert_path}"}}'
         assert f"{gauge} {expired.not_valid_after_utc.timestamp():.1f}" in metrics, metrics[-1500:]
     finally:
-        assert sp.proc is not None and sp.proc.stderr is not None
-        sp.proc.send_signal(signal.SIGTERM)
-        err = sp.proc.stderr.read()
-        sp.proc.wait(timeout=30)
-        sp.proc.stdout.close()  # type: ignore[union-attr]
-        sp.proc.stderr.close()
+        sp.stop()
+    err = sp.log()
     assert f"certificate tls_cert {cert_path} expired at " in err and "peers refuse its handshakes" in err, err
 
 
@@ -246,3 +256,59 @@ def test_a_storage_directory_that_cannot_be_used_is_one_error_line(tmp_path: Pat
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: cannot open the storage directory {tmp_path / directory}: {why}"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _open_files_limit(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open files line in /proc/{pid}/limits")
+
+
+def test_a_waltz_process_raises_its_soft_limit_of_open_files_to_the_hard_one(tmp_path: Path) -> None:
+    """As the JVM does: the usual soft limit of 1,024 would leave a few hundred partitions per node."""
+    require(_tcp_available(), "the tcp transport plugin")
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
+    assert hard > 256, f"this machine's hard limit of open files is {hard}"
+    sp = StorageProcess(tmp_path, uuid.uuid4(), open_files=(256, hard))
+    sp.start()
+    try:
+        assert sp.proc is not None
+        assert _open_files_limit(sp.proc.pid) == (hard, hard)
+    finally:
+        assert sp.stop() == 0
+
+
+@pytest.mark.slow
+async def test_a_node_out_of_open_files_says_which_limit_and_what_to_raise(tmp_path: Path) -> None:
+    """A hard limit too low for the partitions assigned: a warning when the assignment passes it,
+    and every append that cannot open its partition's files gets the limit and the remedy, while
+    the partitions that fit go on (real EMFILE: the process runs with a hard limit of 160)."""
+    require(_tcp_available(), "the tcp transport plugin")
+    partitions = 120
+    sp = StorageProcess(tmp_path, uuid.uuid4(), num_partitions=partitions, open_files=(160, 160))
+    sp.start()
+    transport = open_transport(TransportConfig(name="tcp", max_frame_size=1 << 20), RUNTIME.registries)
+    try:
+        result = await asyncio.to_thread(sp.cli, "add-partition", "-p", f"0-{partitions - 1}")
+        assert result.returncode == 0, result.stderr
+        client = await StorageClient.connect(transport, sp.data, sp.key, partitions)
+        written, refused = [], []
+        for pid in range(partitions):
+            try:
+                await client.append(1, pid, make_records(0, 1))
+                written.append(pid)
+            except StorageError as exc:
+                assert "Too many open files" in str(exc) and "may open 160 files" in str(exc) \
+                    and "LimitNOFILE" in str(exc), exc
+                refused.append(pid)
+        assert written and refused, (written, refused)
+        assert await client.max_transaction_id(1, written[-1]) == 0  # the partitions that fit go on
+        await client.close()
+    finally:
+        await transport.aclose()
+        sp.stop()
+    assert re.search(r"serves \d+ partitions, which may hold up to \d+ files open \(10 each, and 64 for "
+                     r"connections and journals\), and the process may open 160: a partition that finds no "
+                     r"descriptor free cannot open its files; raise the hard limit", sp.log()), sp.log()[-3000:]

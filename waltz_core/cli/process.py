@@ -12,6 +12,9 @@
   ``default`` leaves the collector as Python sets it.
 * ``WALTZ_GC_THRESHOLD=T0,T1,T2`` sets :func:`gc.set_threshold` at start (default: Python's
   700,10,10, kept: raising T0 did not measurably change CPU per transaction or the tail).
+* **Open files.** The soft limit of open files is raised to the hard limit at start, as the JVM
+  does (:mod:`waltz_core.openfiles`): a storage node keeps two files open per partition, and the
+  usual soft limit of 1,024 ran out at a few hundred partitions.
 
 Only a process started through :func:`waltz_core.cli.main.main` is configured: a server or storage
 node run inside another program (tests, ``InProcessCluster``) leaves that program's collector alone.
@@ -20,9 +23,13 @@ node run inside another program (tests, ``InProcessCluster``) leaves that progra
 from __future__ import annotations
 
 import gc
+import logging
 import os
 
 from ..errors import ConfigError
+from ..openfiles import raise_to_hard_limit
+
+log = logging.getLogger(__name__)
 
 GC_ENV = "WALTZ_GC"
 GC_THRESHOLD_ENV = "WALTZ_GC_THRESHOLD"
@@ -77,6 +84,9 @@ def configure(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
     if threshold is not None:
         gc.set_threshold(*threshold)
     _mode = mode
+    before, after = raise_to_hard_limit()
+    if after != before:
+        log.debug("open files: soft limit raised from %d to %d (the hard limit)", before, after)
 
 
 def started() -> bool:

@@ -127,7 +127,10 @@ class StorageLayout(Protocol):
     Optional: a class attribute ``journal_capable = True`` says that the layout's stores are
     :class:`DeferredSyncStore` s whose files live under :attr:`directory`, so a node with
     ``storage.journal`` makes their appends durable in its journal (``directory/journal/``);
-    without it every append batch is synced by the store itself."""
+    without it every append batch is synced by the store itself. Optional too: an attribute
+    ``open_files_per_partition`` (default 2, :data:`waltz_core.openfiles.FILES_PER_PARTITION`),
+    the most descriptors an open store holds, from which a node warns at start when the process may not
+    open enough of them for its partitions."""
 
     directory: str
 

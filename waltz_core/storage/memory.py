@@ -149,6 +149,8 @@ class MemoryPartition:
 class MemoryLayout:
     """A storage "directory" in memory (implements :class:`~.layout.StorageLayout`)."""
 
+    open_files_per_partition = 0
+
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = str(directory)
         self._volume = _volume(directory)

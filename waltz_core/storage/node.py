@@ -63,6 +63,7 @@ from ..errors import (
     wire_code,
 )
 from ..metrics import MetricsRegistry
+from ..openfiles import FILES_PER_PARTITION, explain, storage_shortfall
 from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
@@ -599,8 +600,8 @@ class PartitionWorker:
             self.error = exc
             log.error("partition %d cannot be opened: %s", self.partition_id, exc)
         except OSError as exc:  # the machine's, not the files' content: tried again by _reopen_if_due
-            err = StorageError(f"partition {self.partition_id}: its files cannot be opened ({exc}); tried again "
-                               f"at its next request")
+            err = StorageError(f"partition {self.partition_id}: its files cannot be opened ({explain(exc)}); tried "
+                               f"again at its next request")
             if self.open_error is None or str(err) != str(self.open_error):
                 log.error("%s", err)
             self.open_error = err
@@ -697,7 +698,8 @@ class PartitionWorker:
 
     def _append_failed(self, group: _AppendGroup, exc: BaseException, out: Replies) -> None:
         self._log_write_failure(group, exc)
-        err = StorageError(f"partition {self.partition_id}: write failed: {exc}")
+        err = StorageError(f"partition {self.partition_id}: write failed: "
+                           f"{explain(exc) if isinstance(exc, OSError) else exc}")
         for item in group.items:
             self._m_failures.inc()
             out.append((item.reply, failure_for(item.work, err)))
@@ -995,6 +997,7 @@ class PartitionWorker:
                 self.error = None
             if self.store is None:
                 self._open_store()
+                self.node.check_open_files()
                 if self.error is not None:
                     raise self.error
                 if self.open_error is not None:
@@ -1093,6 +1096,7 @@ class StorageNode:
         #: reply lists posted by partition threads, delivered on the loop by _deliver_replies
         self._replies: deque[Replies] = deque()
         self._delivery_scheduled = False
+        self._files_short = False  #: check_open_files warned, and the partitions still do not fit
 
     def io_thread_for(self, partition_id: int) -> IoThread:
         """The I/O thread that does every file operation of ``partition_id``."""
@@ -1161,7 +1165,17 @@ class StorageNode:
         for reps in results:
             self.repairs.extend(reps)
         self.repairs.extend(r for r in self.layout.repairs() if r not in self.repairs)
+        self.check_open_files()
         self.state = "serving"
+
+    def check_open_files(self) -> None:
+        """Warn when the partitions assigned here need more files open than the process may open
+        (once, and again after they fitted): past that, partitions cannot open their files."""
+        assigned = sum(1 for w in self.workers if w.info is not None and w.info.assigned)
+        short = storage_shortfall(assigned, getattr(self.layout, "open_files_per_partition", FILES_PER_PARTITION))
+        if short is not None and not self._files_short:
+            log.warning("%s: %s", self.name, short)
+        self._files_short = short is not None
 
     def _replay_and_open_journals(self) -> list[Repair]:
         layout = self.layout

@@ -342,6 +342,7 @@ class SegmentedPartition:
             if rebuild_reason:
                 if seg.index_fd >= 0:
                     os.close(seg.index_fd)
+                    seg.index_fd = -1  # seg.close() after a failure below must not close the number again
                 seg.index_fd = self._create_index_file(seg)
             start = HEADER_SIZE
             if trusted:
@@ -403,8 +404,12 @@ class SegmentedPartition:
     def _create_index_file(self, seg: Segment) -> int:
         hdr = SegmentHeader(FORMAT_VERSION, _now_ms(), self._cluster_key, self.partition_id, seg.first)
         fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        _pwrite_all(fd, encode_segment_header(hdr, checkpoint=0), 0)
-        os.fdatasync(fd)
+        try:
+            _pwrite_all(fd, encode_segment_header(hdr, checkpoint=0), 0)
+            os.fdatasync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def _load_sealed(self, index: int) -> Segment:
@@ -433,6 +438,7 @@ class SegmentedPartition:
                     seg.checkpointed = seg.synced = expected
                     return seg
                 os.close(seg.index_fd)
+                seg.index_fd = -1  # seg.close() after a failure below must not close the number again
             with mmap.mmap(seg.data_fd, 0, access=mmap.ACCESS_READ) as mm:
                 view = memoryview(mm)
                 try:
@@ -486,10 +492,16 @@ class SegmentedPartition:
         seg = Segment(first, data_path, index_path)
         hdr = encode_segment_header(SegmentHeader(FORMAT_VERSION, _now_ms(), self._cluster_key, self.partition_id, first))
         seg.data_fd = os.open(data_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        _pwrite_all(seg.data_fd, hdr, 0)
-        os.fdatasync(seg.data_fd)
-        seg.index_fd = self._create_index_file(seg)
-        fsync_dir(self.directory)
+        try:
+            _pwrite_all(seg.data_fd, hdr, 0)
+            os.fdatasync(seg.data_fd)
+            seg.index_fd = self._create_index_file(seg)
+            fsync_dir(self.directory)
+        except BaseException:
+            # Out of descriptors or space: no descriptor may stay open behind the failure (each
+            # retry would leak one). The files are left: a reopen's recovery sees to them.
+            seg.close()
+            raise
         return seg
 
     def _roll(self) -> None:
@@ -859,6 +871,13 @@ class SegmentedLayout:
         if self._header is None:
             raise StorageError("the storage layout is not open")
         return self._header
+
+    @property
+    def open_files_per_partition(self) -> int:
+        """The most descriptors an open partition holds: data and index files of its newest
+        segment and of the sealed segments it keeps open for reads (``segment_cache_capacity``
+        segments in all)."""
+        return 2 * max(1, self._capacity)
 
     def open(self, cluster_key: uuid.UUID, num_partitions: int) -> ControlHeader:
         self._root.mkdir(parents=True, exist_ok=True)
