@@ -107,6 +107,28 @@ def test_up_background_bank_stop_then_foreground_reuse_and_sigterm(tmp_path: Pat
     assert not any(alive(p) for p in children)
 
 
+def test_up_in_the_background_writes_its_pid_file_even_if_its_reader_went_away(tmp_path: Path) -> None:
+    # `waltz up --background | head -1`: printing failed (a closed pipe) before the pid file was
+    # written, and the cluster ran on without one. Here the reader is gone before the first line.
+    data = tmp_path / "waltz-data"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([*WALTZ, "up", "--background", "--data-dir", str(data), "--partitions", "1"],
+                              stdout=write_end, stderr=subprocess.DEVNULL, timeout=90)
+    finally:
+        os.close(write_end)
+    try:
+        assert done.returncode != 0  # it could not say what it did
+        pids = json.loads((data / "waltz-up.pids").read_text())
+        assert sorted(pids.values()) == sorted(cluster_processes(data))
+    finally:
+        stop = waltz("up", "--stop", "--data-dir", str(data))
+        for pid in cluster_processes(data):
+            os.kill(pid, signal.SIGKILL)
+    assert "stopped 4 processes" in stop.stdout and "not in waltz-up.pids" not in stop.stdout, stop.stdout
+
+
 def test_up_finds_the_processes_of_a_cluster_whose_pid_file_was_lost(tmp_path: Path) -> None:
     # Without this, a second `waltz up` started processes that found their directories locked and
     # exited while the running cluster answered for them: it reported a cluster started, and

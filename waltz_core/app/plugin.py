@@ -102,6 +102,10 @@ def up_command(data_dir: Path, partitions: int, servers: int, coordination: str,
     except BaseException:
         if not background:
             cluster.stop()
+        elif cluster.pids():
+            # Started, then printing failed (`waltz up --background | head -1`: the reader went
+            # away): the cluster runs on, so --stop must find it by its pid file.
+            cluster.write_pid_file()
         raise
     finally:
         for sig, handler in previous.items():
