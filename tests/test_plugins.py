@@ -335,3 +335,22 @@ def test_without_packaging_the_check_is_skipped(picky_plugin: Path, monkeypatch:
     assert incompatible_plugins(pm, VERSION)
     monkeypatch.setitem(sys.modules, "packaging.requirements", None)  # import fails as if not installed
     assert incompatible_plugins(pm, VERSION) == []
+
+
+def test_the_core_version_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server gives its version in every client handshake: reading the installed metadata each
+    time cost 0.66 ms and a file, and failed the handshake in a process out of descriptors."""
+    import importlib.metadata
+
+    from waltz_core.plugins import core_version
+
+    first = core_version()
+    calls: list[str] = []
+
+    def no_more_reads(name: str) -> str:
+        calls.append(name)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(importlib.metadata, "version", no_more_reads)
+    assert [core_version() for _ in range(3)] == [first] * 3
+    assert calls == []
