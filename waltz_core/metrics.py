@@ -298,4 +298,13 @@ def process_registry(service: str, version: str) -> MetricsRegistry:
     reg.gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
               fn=lambda: int(_proc_stat()[21]) * page)
     reg.gauge("process_open_fds", "Number of open file descriptors.", fn=lambda: len(os.listdir("/proc/self/fd")))
+    reg.gauge("waltz_process_memory_limit_bytes", "Memory this process may use: its cgroup's limit, or the host's "
+              "memory if lower (compare process_resident_memory_bytes).", fn=_memory_limit_bytes)
     return reg
+
+
+def _memory_limit_bytes() -> float:
+    from .memlimit import memory_limit
+
+    found = memory_limit()
+    return float("nan") if found is None else float(found[0])

@@ -26,6 +26,7 @@ from ..errors import ConnectionClosedError, ProtocolError, TransportError, Waltz
 from ..eventloop import loop_name
 from ..http import HttpEndpoint
 from ..locks.open import open_lock_table
+from ..memlimit import server_shortfall
 from ..metrics import MetricsRegistry
 from ..plugins import core_version
 from ..protocol import CLIENT
@@ -109,10 +110,21 @@ class WaltzServer:
             await self._http.start(cfg.http.host, cfg.http.port)
         if is_plaintext(self.transport):
             log.warning("server %s: client and storage links are not encrypted (development mode)", self.address)
+        self._check_memory()
         self._certificates.log_at_start(f"server {self.address}")
         log.info("%s listening on %s (transport %s, coordination %s)", self.name, self.address,
                  cfg.transport.name, cfg.coordination.name)
         self.runtime.hook.waltz_process_started(kind="server", name=self.name, address=self.address)
+
+    def _check_memory(self) -> None:
+        """Warn at start when the caches, once full, would not fit the process's memory limit."""
+        cfg = self.config.server
+        short = server_shortfall({"feed_cache_budget": cfg.feed_cache_budget,
+                                  "data_cache_budget": cfg.data_cache_budget,
+                                  "replication_buffer_budget": cfg.replication_buffer_budget},
+                                 self.num_partitions, cfg.lock_table_size if cfg.lock_table == "hashed" else 0)
+        if short is not None:
+            log.warning("server %s: %s", self.address, short)
 
     async def stop(self) -> None:
         if self._closed:
