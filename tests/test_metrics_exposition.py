@@ -2,8 +2,9 @@
 
 Every registry kind (storage node, server, client library, process) renders text that
 ``promtool check metrics`` accepts and that parses into typed families (none 'unknown', counters as
-counters); the client library counts what happens to its appends; and the Grafana dashboard in
-deploy/grafana names only metrics a live cluster exports. promtool comes from Debian's
+counters); the client library counts what happens to its appends; the Grafana dashboard in
+deploy/grafana and the alerting rules in deploy/prometheus name only metrics a live cluster
+exports, and promtool checks the rules and runs their unit tests. promtool comes from Debian's
 ``prometheus`` package (scripts/bootstrap.sh installs it); under CI its absence is a failure.
 """
 
@@ -33,6 +34,11 @@ from waltz_core.testing.mock_cluster import MockCluster
 pytestmark = pytest.mark.timeout(120)
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "waltz-dashboard.json"
+ALERTS = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "waltz-alerts.yml"
+ALERT_TESTS = ALERTS.with_name("waltz-alerts.test.yml")
+#: what alert rules may name besides a plaintext cluster's metrics: Prometheus's own ``up``, and
+#: the certificate gauge, which only a process with TLS exports (tests/transport/test_expiry.py)
+NOT_FROM_A_PLAINTEXT_CLUSTER = {"up", "waltz_tls_certificate_expiry_timestamp_seconds"}
 
 
 def families(text: str) -> dict[str, Any]:
@@ -54,10 +60,15 @@ def families(text: str) -> dict[str, Any]:
     return parsed
 
 
-def promtool_check(text: str) -> None:
+def _promtool() -> str:
     promtool = shutil.which("promtool")
     require(promtool is not None, "promtool (apt-get install prometheus)")
     assert promtool is not None
+    return promtool
+
+
+def promtool_check(text: str) -> None:
+    promtool = _promtool()
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"promtool check metrics:\n{result.stdout}{result.stderr}\n--- text ---\n{text}"
 
@@ -263,6 +274,28 @@ def dashboard_queries() -> Iterator[str]:
         yield m.group(1)
 
 
+def alert_queries() -> Iterator[str]:
+    for m in re.finditer(r"^\s+expr: (.+)$", ALERTS.read_text(), re.M):
+        yield m.group(1)
+
+
+def test_the_alerting_rules_pass_promtool_and_their_unit_tests() -> None:
+    """deploy/prometheus/waltz-alerts.yml loads in Prometheus (``promtool check rules``), and every
+    alert fires in a case of waltz-alerts.test.yml and stays quiet in another (``promtool test rules``)."""
+    promtool = _promtool()
+    checked = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    alerts = re.findall(r"^\s+- alert: (\w+)$", ALERTS.read_text(), re.M)
+    assert len(alerts) == len(set(alerts)) == int(re.search(r"SUCCESS: (\d+) rules", checked.stdout).group(1))
+    cases = ALERT_TESTS.read_text()
+    for name in alerts:
+        expectations = re.findall(rf"alertname: {name}\n\s+exp_alerts:( \[\])?", cases)
+        assert " []" in expectations and "" in expectations, f"{name}: no case where it fires and one where it does not"
+    tested = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=ALERTS.parent, capture_output=True,
+                            text=True, timeout=60)
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr
+
+
 def _get(url: str) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=10) as r:
@@ -310,6 +343,11 @@ async def test_live_endpoints_pass_promtool_and_the_dashboard_names_only_real_me
     assert {"waltz_server_appends_total", "waltz_server_commit_latency_seconds_bucket",
             "waltz_server_lock_failures_total", "waltz_server_storage_reachable", "waltz_server_cache_bytes",
             "process_resident_memory_bytes", "process_cpu_seconds_total"} <= named
+    for expr in alert_queries():
+        names = promql_metric_names(expr)
+        assert names, f"no metric in alert expression {expr!r}"
+        unknown = names - exported - NOT_FROM_A_PLAINTEXT_CLUSTER
+        assert not unknown, f"alert expression {expr!r} names metrics nobody exports: {sorted(unknown)}"
 
 
 @given(st.lists(st.one_of(st.floats(0, 100, allow_nan=False), st.sampled_from(DEFAULT_BUCKETS)), max_size=80),
