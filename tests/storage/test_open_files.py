@@ -80,3 +80,37 @@ def test_a_segment_that_cannot_be_created_leaves_no_descriptor_open(tmp_path: Pa
     assert store.read_records(0, 10) == make_records(0, 2)
     store.close()
     layout.close()
+
+
+def test_a_node_keeps_descriptors_free_for_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process out of descriptors cannot accept a connection: segment files may not take the
+    last STORAGE_RESERVE of them."""
+    in_use = len(os.listdir("/proc/self/fd")) - 1
+    monkeypatch.setattr(openfiles, "soft_limit", lambda: in_use + 66)
+    monkeypatch.setattr(openfiles, "_in_use", openfiles._InUse())
+    openfiles.keep_free(2, reserve=64)  # leaves exactly 64
+    with pytest.raises(OSError) as refused:
+        openfiles.keep_free(3, reserve=64)
+    assert refused.value.errno == errno.EMFILE
+    assert str(refused.value) == (f"[Errno 24] Too many open files: {in_use} of {in_use + 66} in use, and 64 are "
+                                  f"kept free for connections")
+
+
+def test_descriptors_are_counted_at_most_once_a_second_far_from_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts: list[int] = []
+    real_listdir = os.listdir
+
+    def listdir(path: Any) -> list[str]:
+        if str(path) == "/proc/self/fd":
+            counts.append(1)
+        return real_listdir(path)
+
+    monkeypatch.setattr(openfiles, "_in_use", openfiles._InUse())
+    monkeypatch.setattr(openfiles.os, "listdir", listdir)
+    monkeypatch.setattr(openfiles, "soft_limit", lambda: 1 << 20)
+    for _ in range(500):  # a thousand partitions opening at a node's start
+        openfiles.keep_free(2)
+    assert len(counts) == 1
+    monkeypatch.setattr(openfiles, "soft_limit", lambda: openfiles._in_use.estimate + 65)
+    openfiles.keep_free(2)  # near the limit: counted again before it answers
+    assert len(counts) == 2

@@ -305,6 +305,12 @@ async def test_a_node_out_of_open_files_says_which_limit_and_what_to_raise(tmp_p
                 refused.append(pid)
         assert written and refused, (written, refused)
         assert await client.max_transaction_id(1, written[-1]) == 0  # the partitions that fit go on
+        # The node kept descriptors free for connections: /readyz answers, and says why not ready.
+        with pytest.raises(urllib.error.HTTPError) as not_ready:
+            await asyncio.to_thread(http_get, f"http://{sp.http}/readyz")
+        assert not_ready.value.code == 503
+        reasons = json.loads(not_ready.value.read())["reasons"]
+        assert any("kept free for connections" in r and "may open 160 files" in r for r in reasons), reasons
         await client.close()
     finally:
         await transport.aclose()

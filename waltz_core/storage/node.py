@@ -63,7 +63,7 @@ from ..errors import (
     wire_code,
 )
 from ..metrics import MetricsRegistry
-from ..openfiles import FILES_PER_PARTITION, explain, storage_shortfall
+from ..openfiles import FILES_PER_PARTITION, explain, hint, storage_shortfall
 from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
@@ -708,7 +708,7 @@ class PartitionWorker:
     def _log_write_failure(self, group: _AppendGroup, exc: BaseException) -> None:
         """Log a failed append group: with its traceback when the failure is new, then (a full
         disk fails every append until it is freed) once per WRITE_FAILURE_LOG_INTERVAL."""
-        why = repr(exc)
+        why = repr(exc) + hint(exc)
         now = time.monotonic()
         if why != self.write_error:
             log.error("partition %d: append of %d records failed: %s", self.partition_id, group.count, why,

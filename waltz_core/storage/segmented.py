@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterKeyMismatchError, StorageCorruptionError, StorageError
+from ..openfiles import keep_free
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId
 from .files import fsync_dir, pwritev_all, start_writeback
 from .files import pwrite_all as _pwrite_all
@@ -303,6 +304,7 @@ class SegmentedPartition:
         """Open the last segment for appends, truncating a torn tail and rebuilding the index."""
         data_path, index_path = self._paths(first)
         seg = Segment(first, data_path, index_path)
+        keep_free(2)
         seg.data_fd = os.open(data_path, os.O_RDWR)
         try:
             size = os.fstat(seg.data_fd).st_size
@@ -418,6 +420,7 @@ class SegmentedPartition:
         expected = self._firsts[index + 1] - first
         data_path, index_path = self._paths(first)
         seg = Segment(first, data_path, index_path)
+        keep_free(2)
         seg.data_fd = os.open(data_path, os.O_RDWR)
         try:
             size = os.fstat(seg.data_fd).st_size
@@ -491,6 +494,7 @@ class SegmentedPartition:
         data_path, index_path = self._paths(first)
         seg = Segment(first, data_path, index_path)
         hdr = encode_segment_header(SegmentHeader(FORMAT_VERSION, _now_ms(), self._cluster_key, self.partition_id, first))
+        keep_free(2)
         seg.data_fd = os.open(data_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _pwrite_all(seg.data_fd, hdr, 0)
