@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from .eventloop import loop_name
+from .memlimit import memory_limit
 
 DEFAULT_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                           2.5, 5.0, 10.0)
@@ -304,7 +305,5 @@ def process_registry(service: str, version: str) -> MetricsRegistry:
 
 
 def _memory_limit_bytes() -> float:
-    from .memlimit import memory_limit
-
     found = memory_limit()
     return float("nan") if found is None else float(found[0])

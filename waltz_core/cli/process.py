@@ -23,13 +23,10 @@ node run inside another program (tests, ``InProcessCluster``) leaves that progra
 from __future__ import annotations
 
 import gc
-import logging
 import os
 
 from ..errors import ConfigError
 from ..openfiles import raise_to_hard_limit
-
-log = logging.getLogger(__name__)
 
 GC_ENV = "WALTZ_GC"
 GC_THRESHOLD_ENV = "WALTZ_GC_THRESHOLD"
@@ -84,9 +81,7 @@ def configure(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
     if threshold is not None:
         gc.set_threshold(*threshold)
     _mode = mode
-    before, after = raise_to_hard_limit()
-    if after != before:
-        log.debug("open files: soft limit raised from %d to %d (the hard limit)", before, after)
+    raise_to_hard_limit()
 
 
 def started() -> bool:
