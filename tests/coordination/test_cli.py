@@ -132,8 +132,38 @@ def test_bad_backend_and_root_are_one_line(coord: list[str], args: list[str], me
 def test_unreachable_store_is_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    code, _, err = run_main("cluster", "list", "--connect", str(blocker / "sub"))
+    code, _, err = run_main("cluster", "create", "--connect", str(blocker / "sub"), "-n", "c", "--partitions", "1")
     assert code == 1 and "cannot create directory" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_command_that_reads_leaves_no_directory_behind(tmp_path: Path) -> None:
+    missing = tmp_path / "typo" / "coord"
+    for command in (["list"], ["show-key"], ["delete", "--force"], ["remove-storage-node", "-s", "h:1"]):
+        code, out, err = run_main("cluster", *command, "--connect", str(missing))
+        assert code == 1 and out == "", (command, out)
+        assert err == (f"error: no Waltz cluster under /waltz in the local coordination backend: its directory "
+                       f"{missing} does not exist\n"), (command, err)
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("connect", ["localhost:2181", "198.18.0.9:2181,198.18.0.10:2181", "http://127.0.0.1:2379",
+                                     "[::1]:2379"])
+def test_a_host_port_for_the_local_backend_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       connect: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    for command in (["list"], ["create", "-n", "c", "--partitions", "1"]):
+        code, out, err = run_main("cluster", *command, "--connect", connect)
+        assert code == 1 and out == ""
+        assert err.startswith(f"error: coordination connect string {connect!r} looks like host:port, but the backend "
+                              f"is local") and "--coordination zookeeper or etcd" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_named_like_host_port_works_once_it_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "zk:2181").mkdir()
+    assert run("cluster", "create", "--connect", "zk:2181", "-n", "c", "--partitions", "1").exit_code == 0
+    assert json.loads(run("cluster", "list", "--connect", "zk:2181", "--json").output)["cluster"]["name"] == "c"
 
 
 def test_existing_cluster_and_bad_ranges(coord: list[str]) -> None:

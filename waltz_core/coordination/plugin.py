@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -76,8 +78,45 @@ def _load_config(config_path: str | None, backend_name: str | None, connect: str
                 registries=current_runtime().registries)
 
 
+#: A connect string of host:port pairs, which the local backend would take for a directory's name.
+_HOST_PORT = r"(?:https?://)?[\w.\-\[\]:]*:\d+/?"
+_HOST_PORTS = re.compile(rf"{_HOST_PORT}(?:,{_HOST_PORT})*")
+
+
+def _check_local_directory(config: CoordinationConfig, *, creates: bool) -> None:
+    """The local backend's connect string is a directory, which opening the backend creates. A
+    command given a directory that does not exist stops here instead: a host:port meant for
+    ZooKeeper or etcd is a ConfigError, and a command that only reads says there is no cluster,
+    without leaving an empty directory behind."""
+    if config.name != "local":
+        return
+    from ..errors import ClusterNotFoundError, ConfigError
+    from .local import default_local_directory
+
+    directory = Path(config.connect).expanduser() if config.connect else default_local_directory()
+    if directory.exists():
+        return
+    if _HOST_PORTS.fullmatch(config.connect):
+        raise ConfigError(f"coordination connect string {config.connect!r} looks like host:port, but the backend is "
+                          f"local, whose connect string is a directory; for a ZooKeeper or etcd service give "
+                          f"--coordination zookeeper or etcd (or [coordination] name), for a directory of that "
+                          f"name create it first")
+    if not creates:
+        raise ClusterNotFoundError(f"no Waltz cluster under {config.root} in the local coordination backend: "
+                                   f"its directory {directory} does not exist")
+
+
 def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
     """Turn ``async body(backend, root, **kw)`` into a click callback that opens and closes the backend."""
+    return _backend_command(body, creates=False)
+
+
+def _with_new_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+    """:func:`_with_backend` for a command that may create the local backend's directory."""
+    return _backend_command(body, creates=True)
+
+
+def _backend_command(body: Callable[..., Awaitable[T]], *, creates: bool) -> Callable[..., T]:
 
     @_coordination_options
     @functools.wraps(body)
@@ -88,6 +127,7 @@ def _with_backend(body: Callable[..., Awaitable[T]]) -> Callable[..., T]:
 
         config = _load_config(config_path, backend_name, connect, root, session_timeout).coordination
         Paths(config.root)  # a malformed root is a ConfigError before anything connects
+        _check_local_directory(config, creates=creates)
         registries = current_runtime().registries
 
         async def run() -> T:
@@ -119,7 +159,7 @@ def cluster_group() -> None:
 @click.option("--partitions", "num_partitions", type=click.IntRange(min=1), required=True, metavar="N",
               help="Number of partitions.")
 @refused_flag("-p", instead="in every command -p/--partition is partition ids; give the count with --partitions N")
-@_with_backend
+@_with_new_backend
 async def create_command(backend: CoordinationBackend, root: str, name: str, num_partitions: int) -> None:
     """Create a cluster under the root with a fresh cluster key (fails if the root exists)."""
     from .recipes import create_cluster
