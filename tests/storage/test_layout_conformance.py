@@ -15,7 +15,7 @@ import pytest
 
 from waltz_core.client import AsyncWaltzClient, Transaction, TransactionContext, WaltzClientCallbacks
 from waltz_core.client.api import TransactionBuilder
-from waltz_core.storage import memory
+from waltz_core.storage import memory, segmented
 from waltz_core.storage.format import (
     CONTROL_FILE_NAME,
     HEADER_SIZE,
@@ -57,6 +57,17 @@ class TestSegmentedLayout(StorageLayoutConformance):
         path.write_bytes(bytes(raw))
 
 
+class TestSegmentedLayoutIndexInSteps(TestSegmentedLayout):
+    """The same kit with a tail's index entries written to its file every 2 and an open's check
+    of an index 3 entries at a time: reads, truncations and crashes meet entries in the file,
+    past the index's checkpoint, and in memory (tests/storage/test_segment_index.py)."""
+
+    @pytest.fixture(autouse=True)
+    def _small_index_steps(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(segmented, "PENDING_ENTRIES", 2)
+        monkeypatch.setattr(segmented, "_ENTRIES_PER_CHECK", 3)
+
+
 class TestMemoryLayout(StorageLayoutConformance):
     layout_name = "memory"
 
@@ -65,7 +76,7 @@ class TestMemoryLayout(StorageLayoutConformance):
 
 
 def test_only_the_memory_layout_is_spared_the_durability_tests() -> None:
-    assert TestSegmentedLayout.not_applicable == {}
+    assert TestSegmentedLayout.not_applicable == {} and TestSegmentedLayoutIndexInSteps.not_applicable == {}
     assert set(TestMemoryLayout.not_applicable) == {
         "test_every_crash_point_leaves_a_state_the_operation_allows", "test_a_torn_append_is_repaired_at_open",
         "test_an_index_that_is_lost_or_wrong_is_rebuilt", "test_a_damaged_partition_info_copy_falls_back_to_the_other",
