@@ -1,7 +1,7 @@
 """A segment's index entries live in its index file, not in the storage node's memory.
 
 Each record has an 8-byte entry (its offset in the data file). Held whole in memory, the entries
-of a full 1 GB segment took 27 MB at 256-byte transactions and 136 MB at 16-byte ones, per
+of a full 1 GB segment took 27 MB at 256-byte transactions and 143 MB at 16-byte ones, per
 partition, for its tail and for each sealed segment kept open for reads, and an open walked them
 all in a Python loop. Now only the entries not yet written to the index file are held (at most
 about ``PENDING_ENTRIES``), reads take theirs from the file, and an open checks the index a chunk

@@ -178,7 +178,7 @@ class Segment:
     """One ``.seq`` + ``.idx`` pair. Its index entries (each record's offset in the data file) are
     read from the index file when needed; only those not written there yet are held in memory, at
     most about :data:`PENDING_ENTRIES` of them. (Held whole, the entries of a full 1 GB segment of
-    256-byte transactions took 27 MB, of 16-byte ones 136 MB: per partition, for its tail and for
+    256-byte transactions took 27 MB, of 16-byte ones 143 MB: per partition, for its tail and for
     each sealed segment kept open for reads.)"""
 
     __slots__ = ("first", "data_path", "index_path", "data_fd", "index_fd", "pending", "count", "data_end",
