@@ -13,7 +13,7 @@ from waltz_core.protocol import client as m
 from waltz_core.protocol.checksum import crc32
 from waltz_core.protocol.wire import ReqId
 
-from .conftest import append, settle
+from .conftest import Link, append, settle
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -102,3 +102,24 @@ async def test_a_commit_of_ids_that_are_not_consecutive_is_taken_run_by_run(moun
     assert partition._data_cache.get(4) is None
     assert [partition._data_cache.get(t) for t in (10, 11)] == [(b"t6", crc32(b"t6")), (b"t7", crc32(b"t7"))]
     assert len(partition._latencies) == 7
+
+
+async def test_a_mount_whose_connection_closed_while_it_waited_leaves_no_client_behind(mounted: Any) -> None:
+    """A mount waits for the appends queued before it to commit. If its connection closes
+    meanwhile, the server's disconnect() runs first; the mount must not add the client after it
+    (a slot that stayed until the partition closed, its feed lag growing with every commit)."""
+    store, partition, link = mounted
+    await _append_n(partition, link, 1, 3)  # uncommitted: a mount behind them waits for them
+    gone = Link()
+    await partition.submit(m.MountRequest(ReqId(2, 1, 0, 0), -1, 1), gone)
+    await settle()
+    assert 2 not in partition._clients, "still waiting behind the appends"
+    gone.closed = True
+    partition.disconnect(gone)  # what the server does when the connection ends
+    store.commit(2)
+    await settle()
+    assert set(partition._clients) == {1}
+    assert gone.of(m.MountResponse) == []
+    await _append_n(partition, link, 4, 1)
+    store.commit(3)
+    assert partition.max_feed_lag == 0

@@ -502,6 +502,11 @@ class Partition:
 
     def _mount(self, msg: m.MountRequest, link: ClientLink) -> None:
         q = msg.req_id
+        if link.closed:
+            # The connection closed while the mount waited behind the appends before it: its
+            # disconnect() has run already, so a slot made now would stay until the partition
+            # closes, with a feed task that ended at once and a lag that only grows.
+            return
         if q.generation != self.generation or not self.ready:
             link.post(m.MountResponse(q, m.PartitionState.NOT_READY))
             return
