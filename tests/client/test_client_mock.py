@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -562,3 +563,36 @@ async def test_a_moved_partition_starts_a_new_lock_table_at_its_high_water_mark(
         await new.append(b"fresh-lock", hwm=0, write=(99,))
         assert await new.flush() == 1
         assert [t.data for t in cluster.transactions(0)] == [b"w0", b"fresh-lock"]
+
+
+async def test_a_client_closes_its_links_to_an_endpoint_it_no_longer_uses(apps, caplog) -> None:
+    """Once no partition of a client is on a server endpoint, the client closes its connections
+    there and forgets it: a server replaced on a new address is not dialled every
+    ``reconnect_delay`` for as long as the client runs, one endpoint more at each replacement."""
+    caplog.set_level(logging.INFO, logger="waltz.client.link")
+    async with MockCluster(2, seed=5) as cluster:
+        app = apps.AsyncCounterApp()
+        async with cluster.async_client(app) as client:
+            await client.submit(apps.Increment(app, "k0", 0))
+            await client.flush()
+            links = client._ctx.links
+            assert links is not None and links.endpoints == [cluster.address]
+            old = links.get(cluster.address)
+            gone = "198.18.0.250:1"  # nothing listens there (memory transport): every connect fails
+
+            def dials() -> int:
+                return sum(f"stream connection to {gone} failed" in r.getMessage() for r in caplog.records)
+
+            client._on_owners({pid: o._replace(endpoint=gone) for pid, o in client._ctx.owners.items()})
+            await eventually(lambda: links.endpoints == [gone] and not old.connected, 5, "the old link retired")
+            await eventually(lambda: dials() >= 2, 5, "the new endpoint dialled")
+            client._on_owners(cluster._owners())  # back: a new link to the cluster, the dead one retired
+            await eventually(lambda: links.endpoints == [cluster.address], 5, "the dead link retired")
+            assert links.get(cluster.address) is not old
+            await asyncio.sleep(0.1)
+            attempts = dials()
+            await asyncio.sleep(0.5)  # 10 reconnect delays of the mock's client config
+            assert dials() == attempts, "the retired link still dials"
+            await client.submit(apps.Increment(app, "k0", 0))
+            await client.flush()
+        assert app.applied[0] == [0, 1]

@@ -74,11 +74,17 @@ class ServerLink:
         self._rpc_lock = asyncio.Lock()
         self._rpc_reader: asyncio.Task[None] | None = None
         self._rpc_waiters: dict[ReqId, asyncio.Future[Any]] = {}
+        self._rpc_calls = 0  #: RPCs under way (connecting included): a link is not retired under them
         self._closed = False
 
     @property
     def connected(self) -> bool:
         return self._stream is not None
+
+    @property
+    def idle(self) -> bool:
+        """No partition of the client is bound to this endpoint and no RPC is under way."""
+        return not self.partitions and not self._rpc_calls
 
     # ------------------------------------------------------------------------------ stream
 
@@ -183,21 +189,29 @@ class ServerLink:
         """
         if self._closed:
             raise ClientClosedError("the client is closed")
-        channel = await self._rpc_channel()
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._rpc_waiters[msg.req_id] = fut
+        self._rpc_calls += 1
         try:
-            await channel.send(msg)
-            return await wait_for(fut, timeout)
+            channel = await self._rpc_channel()
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._rpc_waiters[msg.req_id] = fut
+            try:
+                await channel.send(msg)
+                return await wait_for(fut, timeout)
+            finally:
+                self._rpc_waiters.pop(msg.req_id, None)
         finally:
-            self._rpc_waiters.pop(msg.req_id, None)
+            self._rpc_calls -= 1
 
     async def rpc_version(self) -> int:
         """The protocol version negotiated on the RPC connection (opened if needed): what the
         server understands. Raises like :meth:`rpc`."""
         if self._closed:
             raise ClientClosedError("the client is closed")
-        return (await self._rpc_channel()).version
+        self._rpc_calls += 1
+        try:
+            return (await self._rpc_channel()).version
+        finally:
+            self._rpc_calls -= 1
 
     async def _rpc_channel(self) -> MessageChannel:
         async with self._rpc_lock:
@@ -275,6 +289,7 @@ class Links:
         self._on_lost = on_lost
         self._net_seq = itertools.count(1)
         self._links: dict[str, ServerLink] = {}
+        self._retiring: set[asyncio.Task[None]] = set()  #: closes of retired links under way
 
     def get(self, endpoint: str) -> ServerLink:
         """The link to ``endpoint`` (made, not yet connected, on first use)."""
@@ -290,8 +305,29 @@ class Links:
     def _next_net_seq(self) -> int:
         return next(self._net_seq)
 
+    def retire_if_idle(self, link: ServerLink) -> None:
+        """Close ``link`` and forget its endpoint if it is :attr:`~ServerLink.idle` (event loop).
+
+        Called once the client's last partition on an endpoint moved elsewhere. Kept, the link
+        would hold its connections to a server that no longer serves this client, or, for an
+        endpoint that is gone (a server replaced on a new address), try to connect again every
+        ``reconnect_delay`` for as long as the client runs, one such link per address it ever
+        used. A partition bound to the endpoint again gets a new link."""
+        if not link.idle or self._links.get(link.endpoint) is not link:
+            return
+        del self._links[link.endpoint]
+        log.info("no partition of this client is on %s any more: closing its connections", link.endpoint)
+        self._retiring.add(task := asyncio.get_running_loop().create_task(link.close()))
+        task.add_done_callback(self._retiring.discard)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The endpoints this client keeps links to."""
+        return list(self._links)
+
     async def close(self) -> None:
         links = list(self._links.values())
         self._links.clear()
         for link in links:
             await link.close()
+        await asyncio.gather(*self._retiring, return_exceptions=True)

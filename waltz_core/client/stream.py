@@ -88,6 +88,13 @@ class Streams:
         p.link = None
         if link is not None:
             link.partitions.discard(p.id)
+            if not link.partitions:
+                # After the current step: a partition that moves to the same endpoint (a new
+                # generation) is bound to it again in the same step, and the link stays.
+                links = self._ctx.links
+                loop = self._ctx.loop
+                if links is not None and loop is not None:
+                    loop.call_soon(links.retire_if_idle, link)
 
     def mount(self, p: Partition) -> None:
         """Mount ``p`` on its link now (if the link is up and the client open)."""
