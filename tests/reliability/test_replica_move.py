@@ -10,8 +10,12 @@ byte-identical to the others'.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -28,6 +32,11 @@ def waltz(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "waltz_core.cli", *args], capture_output=True, text=True, timeout=120)
 
 
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
 def _ok(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -41,7 +50,8 @@ async def test_a_replica_moves_to_another_storage_node_while_the_partition_runs(
         zk = request.getfixturevalue("zookeeper_server")
         config = CoordinationConfig(name="zookeeper", connect=zk.connect_string, root=f"/waltz-{uuid.uuid4().hex[:8]}",
                                     session_timeout=4.0)
-    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=4, num_servers=1, transport="tcp", coordination=config)
+    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=4, num_servers=1, transport="tcp", coordination=config,
+                       http=True)
     spec.write_configs()
     await spec.bootstrap()
     cli = str(tmp_path / "cli.toml")  # the operator's CLI config: the client's without its [client] table
@@ -72,6 +82,20 @@ async def test_a_replica_moves_to_another_storage_node_while_the_partition_runs(
         assert verify.returncode == 0, verify.stdout + verify.stderr
         server_log = (cluster.log_dir / "server-0.log").read_text()
         assert server_log.count("rolling over to a new session") >= 2, server_log[-3000:]
+        # The old node is shut down, as a decommissioned one is: the server forgets it instead of
+        # trying it (and showing it unreachable, its alert firing) for as long as it runs.
+        cluster.kill_storage(0, signal.SIGTERM)
+        metrics_url = f"http://127.0.0.1:{spec.servers[0].http_port}/metrics"
+        gauge = f'waltz_server_storage_reachable{{storage="{old}"}}'
+        deadline = time.monotonic() + 20
+        while gauge in (page := _get(metrics_url)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert gauge not in page and 'waltz_server_storage_reachable{storage="' in page, page
+        await asyncio.sleep(3)  # a reconnect loop would have tried it several times by now
+        server_log = (cluster.log_dir / "server-0.log").read_text()
+        assert f"storage {old} is not in the replica assignment any more: not trying it again" in server_log
+        assert server_log.count(f"storage {old} unreachable") <= 1, server_log[-3000:]
+        assert gauge not in _get(metrics_url)
     finally:
         cluster.stop()
     replicas = [[repr((r.transaction_id, r.req_id, r.header, r.data, r.checksum)).encode()

@@ -173,6 +173,37 @@ async def test_callers_share_one_connect_attempt_and_the_failure_is_remembered(s
         await conn.close()
 
 
+async def test_a_node_out_of_the_replica_assignment_is_not_tried_again_once_down(storage) -> None:  # type: ignore[no-untyped-def]
+    """A decommissioned storage node (its partitions moved, the node stopped): the connector
+    stops its reconnect loop and forgets it, instead of trying it (and showing it unreachable)
+    for as long as the server runs. A node still in the assignment is tried as before."""
+    transport, address = storage
+    conn = StorageConnector(transport, KEY, 4, "test", connect_timeout=0.3, request_timeout=0.3, retry_interval=0.05)
+    try:
+        client = await conn(address)
+        assert client is not None
+        conn.keep_only(["other:1"])  # the partitions moved off it: its live connection stays
+        assert conn.health()[address][0] and not client.closed
+        transport.vanished.add(address)  # then the node is shut down
+        with pytest.raises(RequestTimeoutError):
+            await client.max_transaction_id(0, 0)
+        await eventually(lambda: address not in conn.health(), timeout=5)
+        tries = transport.connects[address]
+        await asyncio.sleep(0.5)  # 10 reconnect intervals
+        assert transport.connects[address] == tries, "a node out of the assignment was tried again"
+        # A node that is down and in the assignment keeps being tried; taken out, it stops.
+        conn.keep_only([address])
+        assert await conn(address) is None
+        await eventually(lambda: transport.connects[address] >= tries + 3, timeout=5)
+        conn.keep_only([])
+        await eventually(lambda: address not in conn.health(), timeout=5)  # once an attempt under way ends
+        tries = transport.connects[address]
+        await asyncio.sleep(0.5)
+        assert transport.connects[address] == tries
+    finally:
+        await conn.close()
+
+
 async def test_a_cancelled_caller_does_not_cancel_the_shared_attempt(storage) -> None:  # type: ignore[no-untyped-def]
     transport, address = storage
     conn = StorageConnector(transport, KEY, 4, "test", connect_timeout=5.0)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -103,7 +103,30 @@ class StorageConnector:
         # jittered: the servers that lost a storage node together do not probe it in lock step
         self._reconnect_policy = RetryPolicy(initial=min(0.1, retry_interval), maximum=retry_interval)
         self._nodes: dict[str, _Node] = {}
+        #: the storage endpoints of the replica assignment (None until the server has read it)
+        self._wanted: frozenset[str] | None = None
         self._closed = False
+
+    def keep_only(self, endpoints: Iterable[str]) -> None:
+        """The replica assignment now names these storage endpoints. A node outside them is
+        not tried again once it is down (a decommissioned node: its reconnect loop, health entry
+        and ``storage_reachable`` gauge would stay for as long as the server runs, its alert
+        firing); one that is connected keeps its connection until that fails, since a session
+        winding down may still use it."""
+        self._wanted = frozenset(endpoints)
+        for node in list(self._nodes.values()):
+            if node.down_since is not None and node.attempt is None and not self._is_wanted(node):
+                self._forget(node)
+
+    def _is_wanted(self, node: _Node) -> bool:
+        return self._wanted is None or node.endpoint in self._wanted
+
+    def _forget(self, node: _Node) -> None:
+        if self._nodes.get(node.endpoint) is node:
+            del self._nodes[node.endpoint]
+            log.info("storage %s is not in the replica assignment any more: not trying it again", node.endpoint)
+        if node.reconnect is not None and node.reconnect is not asyncio.current_task():
+            node.reconnect.cancel()
 
     async def __call__(self, endpoint: str) -> StorageClient | None:
         node = self._nodes.get(endpoint)
@@ -145,6 +168,9 @@ class StorageConnector:
 
     def _mark_down(self, node: _Node, reason: str) -> None:
         node.last_error = reason
+        if not self._is_wanted(node):
+            self._forget(node)
+            return
         if node.down_since is None:
             node.down_since = time.monotonic()
             log.warning("storage %s unreachable: %s", node.endpoint, reason)
@@ -157,6 +183,9 @@ class StorageConnector:
         # and keeps its reason; the loop only ends when the node answers or the connector closes.
         for delay in self._reconnect_policy.delays():
             if self._closed:
+                return
+            if not self._is_wanted(node):
+                self._forget(node)
                 return
             await asyncio.sleep(delay)
             if node.attempt is None:

@@ -214,6 +214,7 @@ class WaltzServer:
         partition this server owns starts its next session on its new set."""
         for pid, store in self._stores.items():
             store.replicas_assigned(by_partition.get(pid, []))
+        self.connector.keep_only({endpoint for endpoints in by_partition.values() for endpoint in endpoints})
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -310,13 +311,18 @@ class WaltzServer:
                       {"cache": name}).set(budget.limit)
         reg.gauge("cache_budget_bytes", "Bytes the server may keep in this cache, all partitions together",
                   {"cache": "replication"}).set(self.replication_budget.limit)
+        shown: set[str] = set()  # storage endpoints with a storage_reachable gauge
         while True:
             for name, budget in budgets.items():
                 reg.gauge("cache_bytes", "Bytes held in this cache, all partitions together",
                           {"cache": name}).set(budget.used)
             reg.gauge("cache_bytes", "Bytes held in this cache, all partitions together", {"cache": "replication"}).set(
                 sum(p.store.buffered_bytes for p in self.partitions.values()))
-            for endpoint, (reachable, _down_for, _error) in self.connector.health().items():
+            health = self.connector.health()
+            for endpoint in shown - health.keys():  # forgotten: out of the replica assignment
+                reg.remove({"storage": endpoint})
+            shown = set(health)
+            for endpoint, (reachable, _down_for, _error) in health.items():
                 reg.gauge("storage_reachable", "1 while this server reaches the storage node, 0 while it is "
                           "marked unreachable (all partitions go on without it)", {"storage": endpoint}).set(
                     1 if reachable else 0)
