@@ -1,4 +1,5 @@
-"""A segment's index entries live in its index file, not in the storage node's memory.
+"""What a segmented store keeps in memory: not its segments' index entries, which live in the
+index files, and only the newest of its repairs.
 
 Each record has an 8-byte entry (its offset in the data file). Held whole in memory, the entries
 of a full 1 GB segment took 27 MB at 256-byte transactions and 143 MB at 16-byte ones, per
@@ -172,4 +173,17 @@ def test_an_open_checks_the_whole_index_a_chunk_at_a_time(tmp_path: Path, monkey
     assert [r.action for r in store.repairs()] == ["rebuilt index from the data file (1000 entries)"]
     assert store.repairs()[0].detail == "index entries failed validation: " + why.format(value=value)
     _check_reads(store, 1_000, step=37)
+    _close(layout, store)
+
+
+def test_the_repairs_kept_in_memory_are_the_newest_thousand(tmp_path: Path) -> None:
+    """Each failed write reopens the partition, and a reopen may repair: on a full or failing
+    disk that goes on for as long as the fault does. Memory keeps the newest; the repair log
+    on disk keeps every one."""
+    layout, store = _open(tmp_path)
+    for i in range(1_200):
+        store._repair(f"file-{i}", "test repair", str(i))
+        layout._on_partition_repair(store.repairs()[-1])
+    assert len(store.repairs()) == len(layout.repairs()) == segmented.REPAIRS_KEPT == 1_000
+    assert store.repairs()[0].detail == "200" and layout.repairs()[-1].detail == "1199"
     _close(layout, store)

@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,6 +77,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("waltz.storage.layout")
 
 REPAIR_LOG_NAME = "waltz-storage-repairs.log"  #: JSON lines, one per repair, shown by `waltz disk`
+#: the newest repairs a layout and each partition store keep in memory (``repairs()``): a node whose
+#: partitions are reopened after each failed write (a full or failing disk) makes some every 30 s
+#: for as long as that lasts; the repair log keeps all of them
+REPAIRS_KEPT = 1000
 
 _LITTLE = sys.byteorder == "little"
 
@@ -323,7 +327,7 @@ class SegmentedPartition:
         self._firsts: list[int] = []
         self._tail: Segment | None = None
         self._cache: OrderedDict[int, Segment] = OrderedDict()  # sealed segments, LRU
-        self._repairs: list[Repair] = []
+        self._repairs: deque[Repair] = deque(maxlen=REPAIRS_KEPT)
         self._closed = False
         self._unsynced = False  #: records written by write_validated and not yet fdatasync'ed
         self._synced_end = (0, 0)  #: (data end, record count) of the tail at its last sync
@@ -934,7 +938,7 @@ class SegmentedLayout:
         self._fd = -1
         self._header: ControlHeader | None = None
         self._current: dict[int, tuple[PartitionInfo, int]] = {}  # partition -> (info, slot it is in)
-        self._repairs: list[Repair] = []
+        self._repairs: deque[Repair] = deque(maxlen=REPAIRS_KEPT)
 
     @property
     def control_path(self) -> Path:
