@@ -182,8 +182,7 @@ def test_the_repairs_kept_in_memory_are_the_newest_thousand(tmp_path: Path) -> N
     on disk keeps every one."""
     layout, store = _open(tmp_path)
     for i in range(1_200):
-        store._repair(f"file-{i}", "test repair", str(i))
-        layout._on_partition_repair(store.repairs()[-1])
+        store._repair(f"file-{i}", "test repair", str(i))  # the store tells its layout too
     assert len(store.repairs()) == len(layout.repairs()) == segmented.REPAIRS_KEPT == 1_000
     assert store.repairs()[0].detail == "200" and layout.repairs()[-1].detail == "1199"
     _close(layout, store)
