@@ -32,6 +32,7 @@ from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
 from waltz_core.storage.node import StorageNode, _Item
 from waltz_core.testing import require
+from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.testing.faults import small_filesystem, small_filesystems_available
 from waltz_core.transport.channel import MessageChannel
 
@@ -606,3 +607,20 @@ async def test_a_run_of_the_same_append_failure_is_logged_once_then_at_intervals
         ], lines
         assert node.healthy()[0] is True
         assert list(await c.record_list(1, 0, 0, 10)) == big[:1]
+
+
+async def test_the_connections_gauge_counts_the_connections_open_now(harness: NodeHarness) -> None:
+    """``waltz_storage_connections`` goes down when connections close (it was set only when one
+    opened, so it kept the highest count since the last open)."""
+    node = harness.node
+    assert node is not None
+
+    def gauge() -> float:
+        return float(next(line.split()[1] for line in node.metrics.render_prometheus().splitlines()
+                          if line.startswith("waltz_storage_connections ")))
+
+    clients = [await harness.client() for _ in range(3)]
+    await eventually(lambda: gauge() == 3, 5, "three connections counted")
+    for c in clients:
+        await c.close()
+    await eventually(lambda: gauge() == 0, 5, "closed connections no longer counted")

@@ -1078,7 +1078,8 @@ class StorageNode:
         #: "starting" until :meth:`start` opened every partition, "serving", then "stopping" from :meth:`close`
         self.state = "starting"
         self._connections: set[asyncio.Task[Any]] = set()
-        self._m_connections = self.metrics.gauge("storage_connections", "Open data and admin connections.")
+        self.metrics.gauge("storage_connections", "Open data and admin connections.",
+                           fn=lambda: len(self._connections))
         self.metrics.gauge("storage_num_partitions", "Partitions of the cluster.", fn=lambda: self.num_partitions)
         self.metrics.gauge("storage_failed_partitions", "Partitions this node cannot serve: corrupt control data, or "
                            "files it cannot open (a full disk?; tried again at their requests).",
@@ -1232,7 +1233,6 @@ class StorageNode:
         if task is not None:
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
-        self._m_connections.set(len(self._connections))
 
     # ------------------------------------------------------------------------ data port
     async def serve_data(self, conn: Connection) -> None:
