@@ -89,6 +89,11 @@ def default_local_directory() -> Path:
     return Path(base) / "waltz" / "coordination"
 
 
+def local_directory(config: CoordinationConfig) -> Path:
+    """The directory ``local`` keeps its file in: ``connect``, or :func:`default_local_directory`."""
+    return Path(config.connect).expanduser() if config.connect else default_local_directory()
+
+
 @attrs.frozen
 class LocalOptions:
     """Options of the local backend (``[coordination.local]``)."""
@@ -140,7 +145,7 @@ class LocalCoordination:
     def __init__(self, config: CoordinationConfig, options: LocalOptions | None = None) -> None:
         self._options = options or LocalOptions()
         self._timeout = config.session_timeout
-        directory = Path(config.connect).expanduser() if config.connect else default_local_directory()
+        directory = local_directory(config)
         self.directory = directory
         self.path = directory / DB_FILENAME
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None

@@ -12,7 +12,6 @@ import asyncio
 import functools
 import re
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -91,9 +90,9 @@ def _check_local_directory(config: CoordinationConfig, *, creates: bool) -> None
     if config.name != "local":
         return
     from ..errors import ClusterNotFoundError, ConfigError
-    from .local import default_local_directory
+    from .local import local_directory
 
-    directory = Path(config.connect).expanduser() if config.connect else default_local_directory()
+    directory = local_directory(config)
     if directory.exists():
         return
     if _HOST_PORTS.fullmatch(config.connect):
