@@ -481,3 +481,39 @@ async def test_a_joining_replica_counts_for_the_quorum_only_once_the_metadata_sa
     assert meta.meta[0].replicas["s3:1"] == ReplicaState(meta.meta[0].session_id, UNRESOLVED)
     replicas["s2:1"].delay = 0.0
     await store.close()
+
+
+async def test_a_replica_unassigned_while_down_and_assigned_again_keeps_no_dirty_transactions() -> None:
+    """A node goes down holding a dirty tail (appends it wrote that never reached a quorum); the
+    operator moves its replica to another node, the log goes on there, then the old node comes
+    back and is assigned again. Its old state must not make it look engaged in the last session:
+    it would propose its max transaction id and keep the dirty records under ids the log has since
+    given to other transactions. Unassigned replicas' states leave the metadata, so it is treated
+    as inconsistent and truncated to its own low-water mark before it catches up."""
+    replicas, meta, store, sink = make()
+    replicas["s4:1"] = Replica("s4:1")
+    await store.open(sink)
+    await append_n(store, 10)
+    await store.flush()
+    await store.close()
+    s3 = replicas["s3:1"]
+    session = s3.partitions[0].max_session_seen
+    await s3.append(session, 0, [rec(i, b"dirty") for i in range(10, 15)])  # reached s3 only
+    s3.down = True
+    meta.assignments[0] = ["s1:1", "s2:1", "s4:1"]
+    store = ReplicatedStore(0, 0, meta, connector(replicas), CONFIG)
+    await store.open(Sink())
+    ids = await append_n(store, 10, start=100)
+    await store.flush()
+    assert ids == list(range(10, 20))
+    await store.close()
+    assert "s3:1" not in meta.meta[0].replicas  # the state of a replica no longer assigned is gone
+    s3.down = False
+    meta.assignments[0] = list(EPS)
+    store = ReplicatedStore(0, 0, meta, connector(replicas), CONFIG)
+    await store.open(Sink())
+    await wait_for(lambda: len(s3.log(0)) >= 20)
+    await store.flush()
+    assert s3.log(0) == replicas["s1:1"].log(0)
+    assert all(r.data != b"dirty" for r in s3.log(0))
+    await store.close()

@@ -205,6 +205,22 @@ class PartitionMetadata:
 PartitionMetadata.EMPTY = PartitionMetadata(generation=-1, session_id=-1, replicas={})
 
 
+def states_of_assigned(states: Mapping[str, ReplicaState], assigned: Iterable[str]) -> dict[str, ReplicaState]:
+    """The replica states a new store session keeps: those of the replicas assigned now.
+
+    A state outside the assignment is never read while its replica stays unassigned, and it
+    would be wrong if the replica came back: a node taken out while down keeps its last
+    session's state, "engaged", while the log goes on without it, so once assigned again it
+    would propose its max transaction id, dirty tail included, and keep that tail under ids the
+    log has since given to other transactions. With no state, recovery finds it inconsistent
+    and truncates it to the low-water mark its storage saved (a committed prefix) before it
+    catches up. Dropping them also keeps the metadata from growing with every node a partition
+    has ever been on.
+    """
+    wanted = set(assigned)
+    return {endpoint: state for endpoint, state in states.items() if endpoint in wanted}
+
+
 # ------------------------------------------------------------------------------------ encoding
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from ..coordination.metadata import PartitionMetadata, ReplicaState
+from ..coordination.metadata import PartitionMetadata, ReplicaState, states_of_assigned
 from ..coordination.recipes import StoreMetadata
 from ..errors import CasConflictError, GenerationMismatchError, WaltzError
 from ..retry import RetryPolicy
@@ -39,14 +39,15 @@ class CoordinationMetadata:
             if meta.generation > generation:
                 raise GenerationMismatchError(
                     f"partition {partition_id} is at generation {meta.generation}; this server has {generation}")
-            new = PartitionMetadata(generation=generation, session_id=meta.session_id + 1, replicas=meta.replicas)
+            assignments = await self.sm.get_replica_assignments()
+            assigned = sorted(ep for ep, pids in assignments.items() if partition_id in pids)
+            states = states_of_assigned(meta.replicas, assigned)
+            new = PartitionMetadata(generation=generation, session_id=meta.session_id + 1, replicas=states)
             try:
                 await self.sm.cas_partition_metadata(partition_id, new, version)
             except CasConflictError:
                 continue  # another writer raced us: read again
-            assignments = await self.sm.get_replica_assignments()
-            assigned = sorted(ep for ep, pids in assignments.items() if partition_id in pids)
-            return new.session_id, dict(meta.replicas), assigned
+            return new.session_id, states, assigned
 
     async def write_states(self, partition_id: int, generation: int, session_id: int,
                            states: Mapping[str, ReplicaState]) -> None:

@@ -58,7 +58,9 @@ class MetadataAccess(Protocol):
     async def begin_session(self, partition_id: int, generation: int) -> tuple[int, dict[str, ReplicaState], list[str]]:
         """Take a new session id by CAS; return it, the replica states and the assigned replicas.
 
-        Raises GenerationMismatchError when the metadata carries a newer generation (we are stale).
+        The states of replicas no longer assigned leave the metadata in the same CAS (see
+        :func:`~waltz_core.coordination.metadata.states_of_assigned`). Raises
+        GenerationMismatchError when the metadata carries a newer generation (we are stale).
         """
 
     async def write_states(self, partition_id: int, generation: int, session_id: int,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from ..coordination.metadata import ReplicaState
+from ..coordination.metadata import ReplicaState, states_of_assigned
 from ..errors import (
     CasConflictError,
     ConnectionClosedError,
@@ -163,9 +163,11 @@ class MemoryMetadata:
         m = self.meta.setdefault(partition_id, _Meta())
         if m.generation > generation:
             raise GenerationMismatchError(f"partition {partition_id} is at generation {m.generation}, not {generation}")
+        assigned = list(self.assignments.get(partition_id, []))
         m.generation = generation
         m.session_id += 1
-        return m.session_id, dict(m.replicas), list(self.assignments.get(partition_id, []))
+        m.replicas = states_of_assigned(m.replicas, assigned)
+        return m.session_id, dict(m.replicas), assigned
 
     async def write_states(self, partition_id: int, generation: int, session_id: int,
                            states: Mapping[str, ReplicaState]) -> None:

@@ -1,0 +1,66 @@
+"""The store's partition metadata over a real coordination backend (the built-in ``local``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from waltz_core.config import CoordinationConfig
+from waltz_core.coordination import open_coordination, recipes
+from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
+from waltz_core.errors import GenerationMismatchError
+from waltz_core.runtime import Runtime
+from waltz_core.server.glue import CoordinationMetadata
+
+pytestmark = pytest.mark.timeout(30)
+
+ROOT = "/waltz/test"
+NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003", "127.0.0.1:7004"]
+
+
+@pytest.fixture
+async def store_metadata(tmp_path: Path) -> AsyncIterator[recipes.StoreMetadata]:
+    config = CoordinationConfig(name="local", connect=str(tmp_path / "coord"), session_timeout=1.5)
+    backend = open_coordination(config, Runtime.load().registries)
+    await backend.start()
+    try:
+        await recipes.create_cluster(backend, ROOT, "test", 2)
+        sm = recipes.StoreMetadata(backend, ROOT)
+        for port, node in enumerate(NODES, start=8001):
+            await sm.add_storage_node(node, port, 0)
+        for node in NODES[:3]:
+            await sm.assign_partitions(node, [0, 1])
+        yield sm
+    finally:
+        await backend.close()
+
+
+async def test_a_session_keeps_the_states_of_assigned_replicas_only(store_metadata: recipes.StoreMetadata) -> None:
+    meta = CoordinationMetadata(store_metadata)
+    session, states, assigned = await meta.begin_session(0, generation=1)
+    assert (session, states, assigned) == (0, {}, NODES[:3])
+    engaged = {node: ReplicaState(session, UNRESOLVED) for node in NODES[:3]}
+    await meta.write_states(0, 1, session, engaged)
+    # The replica on the third node moves to the fourth.
+    await store_metadata.assign_partitions(NODES[3], [0])
+    await store_metadata.unassign_partitions(NODES[2], [0])
+    session, states, assigned = await meta.begin_session(0, generation=1)
+    assert assigned == [NODES[0], NODES[1], NODES[3]]
+    assert states == {node: ReplicaState(0, UNRESOLVED) for node in NODES[:2]}
+    stored, _ = await store_metadata.get_partition_metadata(0)
+    assert stored.session_id == session == 1
+    assert dict(stored.replicas) == states  # the moved replica's state left the metadata itself
+    # Partition 1 was not touched.
+    other, _ = await store_metadata.get_partition_metadata(1)
+    assert other == recipes.PartitionMetadata.EMPTY
+
+
+async def test_a_stale_generation_takes_no_session(store_metadata: recipes.StoreMetadata) -> None:
+    meta = CoordinationMetadata(store_metadata)
+    await meta.begin_session(0, generation=5)
+    with pytest.raises(GenerationMismatchError):
+        await meta.begin_session(0, generation=4)
+    stored, _ = await store_metadata.get_partition_metadata(0)
+    assert (stored.generation, stored.session_id) == (5, 0)
