@@ -176,6 +176,24 @@ async def test_a_held_out_replica_that_restarts_comes_back_before_its_hold_ends(
     await store.close()
 
 
+async def test_a_held_out_replica_moved_away_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator moves the full node's replica elsewhere instead: the hold, which keeps the
+    refusing connection, goes with it."""
+    replicas, store, sink = await _open_with_a_full_replica(monkeypatch, hold_first=30.0)
+    replicas["s4:1"] = Replica("s4:1")
+    await append_n(store, 10, start=10)
+    await wait_for(lambda: "s2:1" in store._held_out and store.healthy)
+    store.metadata.assignments[0] = ["s1:1", "s3:1", "s4:1"]  # type: ignore[attr-defined]
+    store.replicas_assigned(["s1:1", "s3:1", "s4:1"])
+    assert "s2:1" not in store._held_out
+    await wait_for(lambda: store.session is not None and sorted(store.session.replicas) == ["s1:1", "s3:1", "s4:1"]
+                   and store.healthy)
+    ids = await append_n(store, 5, start=100)
+    await store.flush()
+    assert sink.committed == ids[-1]
+    await store.close()
+
+
 async def test_a_replica_assigned_to_a_running_partition_joins_and_one_unassigned_leaves() -> None:
     """The operator moves a replica (``waltz cluster assign-partition`` on the new node, then
     ``unassign-partition`` on the old one): the running session rolls over to one on the new set,

@@ -545,6 +545,8 @@ class ReplicatedStore:
         new one, whose recovery takes the new replicas in (and catches them up) and leaves the
         others. A session that starts meanwhile is checked when it opens."""
         self._assigned_now = sorted(endpoints)
+        for endpoint in self._held_out.keys() - set(endpoints):  # a hold keeps the refusing connection
+            del self._held_out[endpoint]
         self._roll_over_if_reassigned()
 
     def _roll_over_if_reassigned(self) -> None:
