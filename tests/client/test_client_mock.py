@@ -596,3 +596,31 @@ async def test_a_client_closes_its_links_to_an_endpoint_it_no_longer_uses(apps, 
             await client.submit(apps.Increment(app, "k0", 0))
             await client.flush()
         assert app.applied[0] == [0, 1]
+
+
+async def test_submits_that_give_up_waiting_for_a_slot_leave_nothing_behind(apps) -> None:
+    """While a partition's in-flight slots stay taken (appends whose commits the client does not
+    see), every submit that times out or is cancelled while it waits for a slot must take its
+    place in the queue away: the queue used to keep one cancelled future per try, for as long as
+    the partition was stuck, a leak at the rate an application retries."""
+    async with MockCluster(1) as cluster:
+        app = apps.AsyncCounterApp()
+        config = cluster.client_process_config()
+        async with cluster.async_client(app, config) as client:
+            await client.wait_mounted(5)
+            cap = config.client.max_concurrent_transactions
+            cluster.suspend_feed()
+            for i in range(cap):
+                await client.submit(apps.Increment(app, f"k{i}", 0))
+            p = client._ctx.partitions[0]
+            for i in range(200):  # an application retrying with a timeout of its own
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(client.submit(apps.Increment(app, f"t{i}", 0)), 0.005)
+            assert len(p.slot_waiters) == 0, len(p.slot_waiters)
+            waiting = asyncio.create_task(client.submit(apps.Increment(app, "last", 0)))
+            await eventually(lambda: len(p.slot_waiters) == 1, 5, "the submit waits for a slot")
+            cluster.resume_feed()
+            await asyncio.wait_for(waiting, 10)
+            await client.flush()
+        keys = sorted(apps.JSON.deserialize(t.data)["key"] for t in cluster.transactions(0))
+        assert keys == sorted([f"k{i}" for i in range(cap)] + ["last"])

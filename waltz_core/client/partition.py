@@ -178,6 +178,14 @@ class Partition:
                 return
         self.inflight -= 1
 
+    def forget_slot_waiter(self, slot: asyncio.Future[bool]) -> None:
+        """A waiter gave up (its timeout, a cancel): take its future out of the queue now. Left
+        for :meth:`release_slot` to skip, one would pile up per try while no slot is released."""
+        try:
+            self.slot_waiters.remove(slot)
+        except ValueError:
+            pass  # already taken out: a release or a wake-up passed it
+
     def wake_slot_waiters(self) -> None:
         """Make every waiter re-check the partition (closed, unmounted), without a slot."""
         waiters, self.slot_waiters = self.slot_waiters, deque()

@@ -180,11 +180,14 @@ class Sender:
             try:
                 await wait_for(slot, SLOT_WAIT)
             except TimeoutError:
+                p.forget_slot_waiter(slot)
                 if not p.session.flushing:  # original: after 10 s the client flushes and tries again
                     self.send_flush(p)
             except asyncio.CancelledError:
                 if handed(slot):
                     p.release_slot()  # handed a slot as we were cancelled: pass it on
+                else:
+                    p.forget_slot_waiter(slot)
                 raise
             # Checked after a timeout too: a slot handed over as the timeout fired is ours.
             if handed(slot):
