@@ -177,3 +177,48 @@ def test_existing_cluster_and_bad_ranges(coord: list[str]) -> None:
     assert code == 1 and "partitions 3-5 do not exist" in err
     code, _, err = run_main("cluster", "add-storage-node", *coord, "-s", "nohostport", "-a", "2", "-g", "0")
     assert code == 1 and "host:port" in err
+
+
+def test_unassigning_waits_for_the_replicas_that_stay_to_hold_every_committed_record(
+        coord: list[str], tmp_path: Path) -> None:
+    """A replica just assigned has not caught up: taking out an engaged one now could leave a
+    record committed on 2 of 3 replicas on only one that stays, which a recovery over the other two
+    would not see. Refused, as a whole, until the new replica is engaged in a session."""
+    import asyncio
+
+    from waltz_core.config import CoordinationConfig
+    from waltz_core.coordination import open_coordination, recipes
+    from waltz_core.runtime import Runtime
+
+    assert run("cluster", "create", *coord, "-n", "demo", "--partitions", "1").exit_code == 0
+    nodes = [f"127.0.0.1:{port}" for port in (7000, 7100, 7200, 7300)]
+    for node in nodes:
+        assert run("cluster", "add-storage-node", *coord, "-s", node, "-a", "1", "-g", "0").exit_code == 0
+    for node in nodes[:3]:
+        assert run("cluster", "assign-partition", *coord, "-p", "0", "-s", node).exit_code == 0
+
+    def engage(engaged: list[str]) -> None:  # what a server's store session writes
+        async def write() -> None:
+            config = CoordinationConfig(name="local", connect=str(tmp_path / "coord"), root="/waltz")
+            backend = open_coordination(config, Runtime.load().registries)
+            await backend.start()
+            try:
+                sm = recipes.StoreMetadata(backend, "/waltz")
+                _, version = await sm.get_partition_metadata(0)
+                states = {ep: recipes.ReplicaState(3, recipes.UNRESOLVED) for ep in engaged}
+                await sm.cas_partition_metadata(0, recipes.PartitionMetadata(1, 3, states), version)
+            finally:
+                await backend.close()
+
+        asyncio.run(write())
+
+    engage(nodes[:3])
+    assert run("cluster", "assign-partition", *coord, "-p", "0", "-s", nodes[3]).exit_code == 0
+    code, _, err = run_main("cluster", "unassign-partition", *coord, "-p", "0", "-s", nodes[0])
+    assert code == 1 and err.count("\n") == 1, err
+    assert (f"partition 0: its replicas engaged in session 3 are {', '.join(nodes[:3])}, so a committed record may "
+            f"be on only 1 of the replicas that would stay ({', '.join(nodes[1:])}), and 2 are needed") in err
+    data = json.loads(run("cluster", "list", *coord, "--json").output)
+    assert data["replica_assignments"][nodes[0]] == [0]  # refused: nothing changed
+    engage(nodes)  # the new replica caught up and is engaged
+    assert run("cluster", "unassign-partition", *coord, "-p", "0", "-s", nodes[0]).exit_code == 0
