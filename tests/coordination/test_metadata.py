@@ -21,7 +21,6 @@ from waltz_core.coordination.metadata import (
     format_partition_ranges,
     parse_partition_ranges,
 )
-from waltz_core.coordination.recipes import _short_of_holders
 from waltz_core.errors import CoordinationError
 
 
@@ -85,36 +84,3 @@ def test_server_descriptors_of_the_previous_release_still_read() -> None:
     assert decode("/k", old, ServerDescriptor.from_json) == ServerDescriptor("10.1.2.3:55180", (1,), 3)
     assert ServerDescriptor("10.1.2.3:55180", (), 3).to_json()["host"] == "10.1.2.3"
     assert "host" not in ServerDescriptor("unix:/run/waltz/server.sock").to_json()
-
-
-def _meta(session: int, engaged: str, others: str = "") -> PartitionMetadata:
-    """Partition metadata in ``session``: the replicas in ``engaged`` engaged in it, those in
-    ``others`` with a state of an older session (resolved closing mark: left out or lagging)."""
-    replicas = {ep: ReplicaState(session, UNRESOLVED) for ep in engaged}
-    replicas.update({ep: ReplicaState(session - 1, 41) for ep in others})
-    return PartitionMetadata(generation=1, session_id=session, replicas=replicas)
-
-
-@pytest.mark.parametrize(("meta", "stay", "refused"), [
-    # 3 engaged, one goes: a record committed on 2 of them is on one that stays, and every
-    # majority of 2 includes it.
-    (_meta(5, "ABC"), "BC", False),
-    # A 4th replica assigned, not in a session yet: a majority of B, C, D may be C and D.
-    (_meta(5, "ABC"), "BCD", True),
-    # The 4th caught up and engaged: 3 of 4 acknowledge every commit, 2 of them stay.
-    (_meta(5, "ABCD"), "BCD", False),
-    # A was down when the session began (not engaged): B and C hold everything.
-    (_meta(5, "BC", others="A"), "BCD", False),
-    (_meta(5, "BC", others="A"), "BC", False),
-    # 5 replicas, two taken out before any new session: 3 of 5 may be A, B and C.
-    (_meta(5, "ABCDE"), "BCDE", False),
-    (_meta(5, "ABCDE"), "CDE", True),
-    # Only one engaged replica (the others lagging) and it goes.
-    (_meta(5, "A", others="BC"), "BC", True),
-    # No session ever wrote the partition: nothing committed, nothing to lose.
-    (PartitionMetadata.EMPTY, "D", False),
-])
-def test_unassigning_needs_the_replicas_that_stay_to_hold_every_committed_record(
-        meta: PartitionMetadata, stay: str, refused: bool) -> None:
-    reason = _short_of_holders(meta, sorted(stay))
-    assert bool(reason) == refused, reason

@@ -341,14 +341,12 @@ async def assign_partition_command(backend: CoordinationBackend, root: str, part
               help="Partition ids or ranges: 0-6,9.")
 @click.option("-s", "--storage", required=True, metavar="HOST:PORT", help="The storage node.")
 @click.option("--force", is_flag=True,
-              help="Also when a partition would keep fewer than a majority of its replicas (none included), or "
-                   "replicas that may lack committed records (not engaged in its current session).")
+              help="Also when a partition would keep fewer than a majority of its replicas (none included).")
 @_with_backend
 async def unassign_partition_command(backend: CoordinationBackend, root: str, partitions: list[int], storage: str,
                                      force: bool) -> None:
     """Remove replicas of partitions from a storage node (refused when a partition would keep fewer
-    than a majority of its replicas, or too few replicas engaged in its current session to hold
-    every committed record, unless --force)."""
+    than a majority of its replicas, unless --force)."""
     from .metadata import format_partition_ranges
     from .recipes import StoreMetadata
 

@@ -273,35 +273,6 @@ def _is_host_port(address: str) -> bool:
     return bool(sep and host) and port.isdigit()
 
 
-def _majority(n: int) -> int:
-    return n // 2 + 1
-
-
-def _short_of_holders(meta: PartitionMetadata, stay: list[str]) -> str:
-    """Why the replicas in ``stay`` may lack a committed record of the partition, or "".
-
-    ``E``, the replicas whose state says they are engaged in the partition's current store
-    session, are part of that session's ``n`` replicas. Every record committed before the session
-    began is on each of them (clean at its start, or caught up since), and every record committed
-    in it was acknowledged by a majority of the ``n``, all engaged. So every committed record is
-    on at least ``majority(|E|)`` of ``E`` (``n >= |E|``), and at least ``majority(|E|) - |E - stay|``
-    of the replicas that stay hold it. The next recovery, over ``stay``, cannot settle below a
-    committed record if every majority of ``stay`` includes one of them: at least
-    ``|stay| - majority(|stay|) + 1``. A partition no session has written yet has nothing to lose.
-    """
-    if meta.session_id < 0 or not stay:
-        return ""
-    engaged = sorted(ep for ep, state in meta.replicas.items()
-                     if state.session_id == meta.session_id and state.closing_high_water_mark == UNRESOLVED)
-    holders = _majority(len(engaged)) - len(set(engaged) - set(stay))
-    needed = len(stay) - _majority(len(stay)) + 1
-    if holders >= needed:
-        return ""
-    return (f"its replicas engaged in session {meta.session_id} are {', '.join(engaged) or 'none'}, so a committed "
-            f"record may be on only {max(holders, 0)} of the replicas that would stay ({', '.join(stay)}), and "
-            f"{needed} are needed")
-
-
 class StoreMetadata:
     """Store metadata under ``<root>/store``: params, partition metadata, replica assignments, groups, admin ports.
 
@@ -495,10 +466,7 @@ class StoreMetadata:
         refused for a partition that would keep fewer than a majority of its replicas, none
         included. A partition's committed records are on a majority of its replicas, not
         necessarily on the ones that stay: removing more could leave only replicas that lack some,
-        and the next session's recovery would then settle for what they hold. For the same reason
-        it is refused while too few of the replicas that stay are known to hold every committed
-        record (:func:`_short_of_holders`): a replica just assigned that has not caught up yet, or
-        one that was down, does not count.
+        and the next session's recovery would then settle for what they hold.
         """
         ids = await self._partition_ids(partitions)
         async with self.admin_lock():
@@ -521,15 +489,6 @@ class StoreMetadata:
                         f"{which} committed records may be only on the replicas that go. Move one replica at a time: "
                         f"assign the new one and let it catch up first (docs/operations.md, 'Move a replica to "
                         f"another storage node'), or --force")
-                for pid in ids:
-                    stay = sorted(ep for ep, pids in current.items() if pid in pids and ep != storage)
-                    meta, _ = await self.get_partition_metadata(pid)
-                    short_of = _short_of_holders(meta, stay)
-                    if short_of:
-                        raise MetadataEditError(
-                            f"partition {pid}: {short_of}. Wait until the replicas that stay are engaged in a "
-                            f"session of the partition (`waltz cluster verify` passes 'recovery' for it), or --force")
-
             def with_removed(m: dict[str, list[int]]) -> dict[str, list[int]]:
                 return {**m, storage: sorted(set(m.get(storage, [])) - set(ids))}
 
