@@ -106,17 +106,18 @@ async def test_a_replica_moves_to_another_storage_node_while_the_partition_runs(
 
 
 async def test_a_replica_moved_away_while_down_and_back_later_keeps_no_dirty_transactions(tmp_path: Path) -> None:
-    """Storage 0 writes appends that never reach a quorum (the other two are stopped), then the
-    server and every storage node die. The operator moves the replica from storage 0, which is
-    down, to storage 3, and the log goes on there: the same transaction ids now hold other
+    """Partition 0 has 4 replicas (storages 0-3; storage 4 is spare). Storages 0 and 3 write
+    appends that never reach a quorum (1 and 2 are stopped), then the server and storages 0-2
+    die. The operator moves the replica of storage 0, which is down, to storage 4 (3 of 4 stay:
+    no --force needed), and the log goes on: the same transaction ids now hold other
     transactions. When storage 0 is back and assigned the partition again, its dirty records must
     go: it is caught up to a log identical to the other replicas'."""
-    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=4, num_servers=1, transport="tcp")
+    spec = ClusterSpec(tmp_path, num_partitions=1, num_storages=5, num_servers=1, transport="tcp")
     spec.write_configs()
     await spec.bootstrap()
     cli = str(tmp_path / "cli.toml")
     Path(cli).write_text((tmp_path / "client.toml").read_text().replace("[client]\n", ""))
-    down, spare = spec.storages[0].address, spec.storages[3].address
+    down, spare = spec.storages[0].address, spec.storages[4].address
     _ok(waltz("cluster", "unassign-partition", "-p", "0", "-s", spare, "-c", cli))
     cluster = ProcessCluster(spec)
     await cluster.start()
@@ -126,7 +127,7 @@ async def test_a_replica_moved_away_while_down_and_back_later_keeps_no_dirty_tra
                                   registries=spec.runtime.registries) as probe:
             first = await probe.write([f"a-{i}".encode() for i in range(20)])
             assert sorted(first.values()) == list(range(20))
-            for i in (1, 2):  # no quorum from now on: what storage 0 writes stays uncommitted
+            for i in (1, 2):  # 2 of 4 from now on, the quorum is 3: what 0 and 3 write stays uncommitted
                 cluster.storages[i].send_signal(signal.SIGSTOP)
             dirty = asyncio.create_task(probe.write([f"dirty-{i}".encode() for i in range(10)], timeout=60))
             await wait_replica_holds(spec, 0, key, n, 29, timeout=30)
@@ -135,12 +136,12 @@ async def test_a_replica_moved_away_while_down_and_back_later_keeps_no_dirty_tra
         cluster.kill_server(0)
         for i in (0, 1, 2):  # the stopped ones never read the appends waiting in their sockets
             cluster.kill_storage(i)
-        # Storage 0 stays down; its replica moves to storage 3.
+        # Storage 0 stays down; its replica moves to storage 4.
         _ok(waltz("cluster", "assign-partition", "-p", "0", "-s", spare, "-c", cli))
         _ok(waltz("cluster", "unassign-partition", "-p", "0", "-s", down, "-c", cli))
         for i in (1, 2):
             await cluster.start_storage(i)
-        await spec.assign_on_storage(3)  # storage 3 ran all along
+        await spec.assign_on_storage(4)  # storage 4 ran all along
         cluster.start_server(0)
         async with PartitionProbe(spec.transport_config, spec.coordination, 0, client_id=9_001,
                                   registries=spec.runtime.registries) as probe:
@@ -157,7 +158,7 @@ async def test_a_replica_moved_away_while_down_and_back_later_keeps_no_dirty_tra
     finally:
         cluster.stop()
     replicas = [[(r.transaction_id, r.req_id, r.data) for r in spec.read_replica(i, key, n, [0])[0]]
-                for i in range(4)]
-    assert [len(r) for r in replicas] == [60] * 4, [len(r) for r in replicas]
+                for i in range(5)]
+    assert [len(r) for r in replicas] == [60] * 5, [len(r) for r in replicas]
     assert not [r for r in replicas[0] if r[2].startswith(b"dirty-")], "storage 0 kept uncommitted appends"
-    assert replicas[0] == replicas[1] == replicas[2] == replicas[3]
+    assert replicas[0] == replicas[1] == replicas[2] == replicas[3] == replicas[4]
