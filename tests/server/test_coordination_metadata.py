@@ -39,19 +39,28 @@ async def store_metadata(tmp_path: Path) -> AsyncIterator[recipes.StoreMetadata]
 
 async def test_a_session_keeps_the_states_of_assigned_replicas_only(store_metadata: recipes.StoreMetadata) -> None:
     meta = CoordinationMetadata(store_metadata)
-    session, states, assigned = await meta.begin_session(0, generation=1)
-    assert (session, states, assigned) == (0, {}, NODES[:3])
-    engaged = {node: ReplicaState(session, UNRESOLVED) for node in NODES[:3]}
-    await meta.write_states(0, 1, session, engaged)
+    start = await meta.begin_session(0, generation=1)
+    assert (start.session_id, start.states, start.assigned, start.previous_replicas) == (0, {}, NODES[:3], None)
+    engaged = {node: ReplicaState(0, UNRESOLVED) for node in NODES[:3]}
+    await meta.write_states(0, 1, 0, engaged, replica_set=NODES[:3])  # session 0 finished its recovery
     # The replica on the third node moves to the fourth.
     await store_metadata.assign_partitions(NODES[3], [0])
     await store_metadata.unassign_partitions(NODES[2], [0])
-    session, states, assigned = await meta.begin_session(0, generation=1)
-    assert assigned == [NODES[0], NODES[1], NODES[3]]
-    assert states == {node: ReplicaState(0, UNRESOLVED) for node in NODES[:2]}
+    start = await meta.begin_session(0, generation=1)
+    assert start.assigned == [NODES[0], NODES[1], NODES[3]]
+    assert start.states == {node: ReplicaState(0, UNRESOLVED) for node in NODES[:2]}
+    # The next recovery votes among session 0's replicas: its commits are on a majority of them.
+    assert start.previous_replicas == NODES[:3]
     stored, _ = await store_metadata.get_partition_metadata(0)
-    assert stored.session_id == session == 1
-    assert dict(stored.replicas) == states  # the moved replica's state left the metadata itself
+    assert stored.session_id == start.session_id == 1
+    assert dict(stored.replicas) == start.states  # the moved replica's state left the metadata itself
+    assert stored.replica_set == tuple(NODES[:3])  # until session 1 finishes its recovery
+    await meta.write_states(0, 1, 1, {NODES[3]: ReplicaState(1, UNRESOLVED)}, replica_set=start.assigned)
+    stored, _ = await store_metadata.get_partition_metadata(0)
+    assert stored.replica_set == (NODES[0], NODES[1], NODES[3])
+    await meta.write_states(0, 1, 1, {NODES[3]: ReplicaState(1, UNRESOLVED)})  # a join: the set stays
+    stored, _ = await store_metadata.get_partition_metadata(0)
+    assert stored.replica_set == (NODES[0], NODES[1], NODES[3])
     # Partition 1 was not touched.
     other, _ = await store_metadata.get_partition_metadata(1)
     assert other == recipes.PartitionMetadata.EMPTY

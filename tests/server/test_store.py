@@ -419,6 +419,55 @@ async def test_inconsistent_replica_is_truncated_to_its_own_low_water_mark() -> 
     assert result.replica_states["s3:1"] == ReplicaState(3, 9)
 
 
+async def test_recovery_after_a_replica_was_added_votes_among_the_previous_sessions_replicas() -> None:
+    """Session 0 ran on s1, s2, s3 and committed 0..29 on s1 and s2 (its majority); s4 was assigned
+    since. A vote among the 4 replicas assigned now would need 3 holders of 29, find 2, rule it out
+    and truncate committed transactions to 19. The previous session's replicas vote instead."""
+    replicas = {ep: Replica(ep) for ep in EPS + ["s4:1"]}
+    await seed_logs(replicas, {"s1:1": 30, "s2:1": 30, "s3:1": 20, "s4:1": 0})
+    states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
+    recovery = Recovery(0, 1, EPS + ["s4:1"], states, connector(replicas), previous=EPS)
+    result = await recovery.run()
+    assert result.high_water_mark == 29
+    assert [x.transaction_id for x in replicas["s1:1"].log(0)] == list(range(30))
+    # A majority of the 4 (3) is clean before the session starts; s4 catches up inside it.
+    assert len(result.clean) >= 3 and result.clean <= {"s1:1", "s2:1", "s3:1", "s4:1"}
+    # Without the previous session's replicas (metadata of an older release): the old vote.
+    replicas = {ep: Replica(ep) for ep in EPS + ["s4:1"]}
+    await seed_logs(replicas, {"s1:1": 30, "s2:1": 30, "s3:1": 20, "s4:1": 0})
+    assert (await Recovery(0, 1, EPS + ["s4:1"], states, connector(replicas)).run()).high_water_mark == 19
+
+
+async def test_recovery_after_a_replica_was_taken_out_counts_it_offline() -> None:
+    """Session 0 committed 0..29 on s1 and s2; s1 was taken out since. Among s2 and s3 alone, 29
+    has one holder of the 2 a majority of 2 needs: ruled out, and lost. Counted as offline, s1
+    keeps 29 possible: s3 catches up from s2 and the vote decides 29."""
+    replicas = {ep: Replica(ep) for ep in EPS}
+    await seed_logs(replicas, {"s1:1": 30, "s2:1": 30, "s3:1": 20})
+    states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
+    result = await Recovery(0, 1, ["s2:1", "s3:1"], states, connector(replicas), retry_interval=0.01,
+                            previous=EPS).run()
+    assert result.high_water_mark == 29
+    assert [x.transaction_id for x in replicas["s3:1"].log(0)] == list(range(30))
+
+
+async def test_recovery_waits_while_the_previous_sessions_majority_cannot_be_heard() -> None:
+    """s1 was taken out and s2 is down: only s3 of session 0's replicas answers, and 29 may have
+    been committed on s1 and s2. The new replica s4 does not vote: recovery waits for s2."""
+    replicas = {ep: Replica(ep) for ep in EPS + ["s4:1"]}
+    await seed_logs(replicas, {"s1:1": 30, "s2:1": 30, "s3:1": 20, "s4:1": 0})
+    replicas["s2:1"].down = True
+    states = {ep: ReplicaState(0, UNRESOLVED) for ep in EPS}
+    recovery = Recovery(0, 1, ["s2:1", "s3:1", "s4:1"], states, connector(replicas), retry_interval=0.01,
+                        previous=EPS)
+    task = asyncio.ensure_future(recovery.run())
+    await asyncio.sleep(0.3)
+    assert not task.done(), "decided without a majority of session 0's replicas"
+    replicas["s2:1"].down = False
+    result = await asyncio.wait_for(task, 5)
+    assert result.high_water_mark == 29
+
+
 async def test_closing_a_partition_while_it_recovers_stops_everything() -> None:
     from waltz_core.locks.exact import ExactLockTable
     from waltz_core.server.partition import Partition
@@ -473,10 +522,11 @@ async def test_a_joining_replica_counts_for_the_quorum_only_once_the_metadata_sa
     class RefusingJoins(MemoryMetadata):
         refuse = True
 
-        async def write_states(self, partition_id, generation, session_id, states):  # type: ignore[no-untyped-def]
+        async def write_states(self, partition_id, generation, session_id, states,  # type: ignore[no-untyped-def]
+                               replica_set=None):
             if self.refuse and states.get("s3:1") == ReplicaState(session_id, UNRESOLVED):
                 raise CoordinationError("coordination unreachable")  # the write that records the join
-            await super().write_states(partition_id, generation, session_id, states)
+            await super().write_states(partition_id, generation, session_id, states, replica_set)
 
     replicas = {ep: Replica(ep) for ep in EPS}
     meta = RefusingJoins({0: EPS})

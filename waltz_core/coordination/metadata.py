@@ -178,6 +178,10 @@ def _replica_map(value: Mapping[str, ReplicaState]) -> dict[str, ReplicaState]:
     return dict(value)
 
 
+def _optional_endpoints(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(sorted(value))
+
+
 @attrs.frozen(slots=True)
 class PartitionMetadata:
     """``<root>/store/partition/<id>``: generation, store session id and replica states (keyed by ``host:port``).
@@ -191,15 +195,23 @@ class PartitionMetadata:
     generation: int
     session_id: int
     replicas: Mapping[str, ReplicaState] = attrs.field(factory=dict, converter=_replica_map, hash=False)
+    #: the replicas of the last store session that finished its recovery, so could commit: its
+    #: commits are on a majority of them (None: written before this was recorded)
+    replica_set: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_endpoints)
 
     def to_json(self) -> dict[str, Any]:
-        return {"generation": self.generation, "session_id": self.session_id,
-                "replicas": {k: v.to_json() for k, v in sorted(self.replicas.items())}}
+        out: dict[str, Any] = {"generation": self.generation, "session_id": self.session_id,
+                               "replicas": {k: v.to_json() for k, v in sorted(self.replicas.items())}}
+        if self.replica_set is not None:
+            out["replica_set"] = list(self.replica_set)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionMetadata:
+        replica_set = data.get("replica_set")
         return cls(generation=int(data["generation"]), session_id=int(data["session_id"]),
-                   replicas={str(k): ReplicaState.from_json(v) for k, v in data.get("replicas", {}).items()})
+                   replicas={str(k): ReplicaState.from_json(v) for k, v in data.get("replicas", {}).items()},
+                   replica_set=None if replica_set is None else [str(ep) for ep in replica_set])
 
 
 PartitionMetadata.EMPTY = PartitionMetadata(generation=-1, session_id=-1, replicas={})

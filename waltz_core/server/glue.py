@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -25,6 +25,7 @@ from ..retry import RetryPolicy
 from ..storage.client import DEFAULT_REQUEST_TIMEOUT, StorageClient
 from ..timeouts import wait_for
 from ..transport.base import Transport
+from .store import SessionStart
 
 log = logging.getLogger("waltz.server")
 
@@ -33,7 +34,7 @@ class CoordinationMetadata:
     def __init__(self, store_metadata: StoreMetadata) -> None:
         self.sm = store_metadata
 
-    async def begin_session(self, partition_id: int, generation: int) -> tuple[int, dict[str, ReplicaState], list[str]]:
+    async def begin_session(self, partition_id: int, generation: int) -> SessionStart:
         while True:
             meta, version = await self.sm.get_partition_metadata(partition_id)
             if meta.generation > generation:
@@ -42,15 +43,17 @@ class CoordinationMetadata:
             assignments = await self.sm.get_replica_assignments()
             assigned = sorted(ep for ep, pids in assignments.items() if partition_id in pids)
             states = states_of_assigned(meta.replicas, assigned)
-            new = PartitionMetadata(generation=generation, session_id=meta.session_id + 1, replicas=states)
+            new = PartitionMetadata(generation=generation, session_id=meta.session_id + 1, replicas=states,
+                                    replica_set=meta.replica_set)
             try:
                 await self.sm.cas_partition_metadata(partition_id, new, version)
             except CasConflictError:
                 continue  # another writer raced us: read again
-            return new.session_id, states, assigned
+            previous = list(meta.replica_set) if meta.replica_set is not None else None
+            return SessionStart(new.session_id, states, assigned, previous)
 
     async def write_states(self, partition_id: int, generation: int, session_id: int,
-                           states: Mapping[str, ReplicaState]) -> None:
+                           states: Mapping[str, ReplicaState], replica_set: Sequence[str] | None = None) -> None:
         while True:
             meta, version = await self.sm.get_partition_metadata(partition_id)
             if meta.generation > generation:
@@ -58,7 +61,8 @@ class CoordinationMetadata:
             if meta.session_id != session_id:
                 raise CasConflictError(f"partition {partition_id} is in session {meta.session_id}, not {session_id}")
             new = PartitionMetadata(generation=meta.generation, session_id=session_id,
-                                    replicas={**meta.replicas, **states})
+                                    replicas={**meta.replicas, **states},
+                                    replica_set=meta.replica_set if replica_set is None else replica_set)
             try:
                 await self.sm.cas_partition_metadata(partition_id, new, version)
                 return

@@ -11,10 +11,13 @@ replica whose host vanished costs nothing but its absence):
 3. else if the metadata already has a resolved closing high-water mark for it, truncate to that;
 4. else it was engaged in the last session: it proposes its max transaction id.
 
-Then the vote (:mod:`.vote`) over the replicas' marks; while undecidable, replicas behind the
-most advanced one catch up from it (every reachable replica holds a prefix of the same
-sequence after steps 2-4), offline replicas are retried, and the vote is re-evaluated on every
-change. Once decided at ``H``: replicas above ``H`` are truncated (dirty transactions), replicas
+Then the vote (:mod:`.vote`) over the marks of the replicas of the previous session (the last
+one that finished its recovery, recorded in the partition metadata): its commits are on a
+majority of *those*, so a vote among the replicas assigned now, when a replica was added or taken
+out since, would count against the wrong majority. A replica added since does not vote; one taken
+out counts as offline. While undecidable, replicas behind the most advanced one catch up from it
+(every reachable replica holds a prefix of the same sequence after steps 2-4), offline replicas
+are retried, and the vote is re-evaluated on every change. Once decided at ``H``: replicas above ``H`` are truncated (dirty transactions), replicas
 below catch up, each replica at ``H`` gets the low-water mark ``H`` under the new session id,
 and the new replica states follow step 6 of the Waltz design's recovery.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
@@ -83,6 +86,7 @@ class Recovery:
         retry_interval: float = 0.1,
         max_retry_interval: float = 2.0,
         on_replica_error: Callable[[str, ReplicaApi, WaltzError], None] | None = None,
+        previous: Sequence[str] | None = None,
     ) -> None:
         self.partition_id = partition_id
         #: told of every replica that answered the recovery with an error (the store holds out a
@@ -96,6 +100,8 @@ class Recovery:
         #: partitions of a server that lost a replica do not re-poll the survivors in lock step
         self._backoff = RetryPolicy(initial=retry_interval, maximum=max_retry_interval)
         self.quorum = quorum_of(len(assigned))
+        #: who votes: the replicas of the previous session (the ones assigned now if not recorded)
+        self.voters = sorted(set(previous)) if previous else sorted(set(assigned))
         self.last_vote: VoteResult | None = None
 
     async def run(self) -> RecoveryResult:
@@ -172,7 +178,11 @@ class Recovery:
             r.api = None
 
     def _evaluate(self, replicas: dict[str, _Replica]) -> VoteResult:
-        return evaluate({r.endpoint: r.mark for r in replicas.values() if r.prepared}, len(self.assigned))
+        # A replica of the previous session that is no longer assigned is never asked: offline.
+        # Once decided, _finish brings a majority of the replicas assigned now to the mark.
+        voters = set(self.voters)
+        return evaluate({r.endpoint: r.mark for r in replicas.values() if r.prepared and r.endpoint in voters},
+                        len(self.voters))
 
     async def _prepare(self, endpoint: str, api: ReplicaApi) -> int:
         sid, pid = self.session_id, self.partition_id

@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from itertools import islice
 from typing import Protocol, TypeVar
 
+import attrs
+
 from ..config import ServerConfig
 from ..coordination.metadata import UNRESOLVED, ReplicaState
 from ..errors import (
@@ -52,11 +54,23 @@ log = logging.getLogger("waltz.server.store")
 _R = TypeVar("_R")
 
 
+@attrs.frozen(slots=True)
+class SessionStart:
+    """What :meth:`MetadataAccess.begin_session` took and read."""
+
+    session_id: int
+    states: dict[str, ReplicaState]  #: replica states of the replicas assigned now
+    assigned: list[str]  #: the replicas assigned now: the new session's
+    #: the replicas of the last session that finished its recovery (None: not recorded)
+    previous_replicas: list[str] | None = None
+
+
 class MetadataAccess(Protocol):
     """Partition metadata operations the store needs (backed by the coordination recipes)."""
 
-    async def begin_session(self, partition_id: int, generation: int) -> tuple[int, dict[str, ReplicaState], list[str]]:
-        """Take a new session id by CAS; return it, the replica states and the assigned replicas.
+    async def begin_session(self, partition_id: int, generation: int) -> SessionStart:
+        """Take a new session id by CAS; return it with the replica states, the assigned replicas
+        and the replica set of the last session that finished its recovery.
 
         The states of replicas no longer assigned leave the metadata in the same CAS (see
         :func:`~waltz_core.coordination.metadata.states_of_assigned`). Raises
@@ -64,10 +78,12 @@ class MetadataAccess(Protocol):
         """
 
     async def write_states(self, partition_id: int, generation: int, session_id: int,
-                           states: Mapping[str, ReplicaState]) -> None:
+                           states: Mapping[str, ReplicaState], replica_set: Sequence[str] | None = None) -> None:
         """Update the given replica states (others unchanged) by CAS, only while ``session_id`` is
         still the partition's session (GenerationMismatchError when stale, CasConflictError when
-        another session was started meanwhile)."""
+        another session was started meanwhile). ``replica_set``, when given, is recorded as the
+        replicas of a session that finished its recovery (:attr:`SessionStart.previous_replicas`
+        of the next one)."""
 
 
 class StoreSink(Protocol):
@@ -625,14 +641,16 @@ class ReplicatedStore:
 
     async def _start_session(self) -> None:
         pid = self.partition_id
-        session_id, states, assigned = await self.metadata.begin_session(pid, self.generation)
+        start = await self.metadata.begin_session(pid, self.generation)
+        session_id, assigned = start.session_id, start.assigned
         if not assigned:
             raise PartitionNotReadyError(f"partition {pid} has no replicas assigned")
-        recovery = Recovery(pid, session_id, assigned, states, self._connect_replica,
+        recovery = Recovery(pid, session_id, assigned, start.states, self._connect_replica,
                             self.config.initial_retry_interval, min(self.config.max_retry_interval, 2.0),
-                            on_replica_error=self._recovery_error)
+                            on_replica_error=self._recovery_error, previous=start.previous_replicas)
         result = await recovery.run()
-        await self.metadata.write_states(pid, self.generation, session_id, result.replica_states)
+        # From here this session may commit, on a majority of its replicas: the next recovery votes among them.
+        await self.metadata.write_states(pid, self.generation, session_id, result.replica_states, replica_set=assigned)
         session = StoreSession(self, session_id, result.high_water_mark, assigned)
         for endpoint in assigned:
             api = await self._connect_replica(endpoint) if endpoint in result.clean or endpoint in result.lagging else None

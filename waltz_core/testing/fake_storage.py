@@ -26,6 +26,7 @@ from ..errors import (
     WaltzError,
 )
 from ..protocol.wire import Record, RecordHeader, SessionInfo
+from ..server.store import SessionStart
 
 
 @attrs.define
@@ -150,6 +151,7 @@ class _Meta:
     generation: int = 0
     session_id: int = -1
     replicas: dict[str, ReplicaState] = attrs.Factory(dict)
+    replica_set: list[str] | None = None
 
 
 class MemoryMetadata:
@@ -159,7 +161,7 @@ class MemoryMetadata:
         self.assignments = {pid: list(eps) for pid, eps in assignments.items()}
         self.meta: dict[int, _Meta] = {}
 
-    async def begin_session(self, partition_id: int, generation: int) -> tuple[int, dict[str, ReplicaState], list[str]]:
+    async def begin_session(self, partition_id: int, generation: int) -> SessionStart:
         m = self.meta.setdefault(partition_id, _Meta())
         if m.generation > generation:
             raise GenerationMismatchError(f"partition {partition_id} is at generation {m.generation}, not {generation}")
@@ -167,16 +169,19 @@ class MemoryMetadata:
         m.generation = generation
         m.session_id += 1
         m.replicas = states_of_assigned(m.replicas, assigned)
-        return m.session_id, dict(m.replicas), assigned
+        previous = list(m.replica_set) if m.replica_set is not None else None
+        return SessionStart(m.session_id, dict(m.replicas), assigned, previous)
 
     async def write_states(self, partition_id: int, generation: int, session_id: int,
-                           states: Mapping[str, ReplicaState]) -> None:
+                           states: Mapping[str, ReplicaState], replica_set: Sequence[str] | None = None) -> None:
         m = self.meta[partition_id]
         if m.generation > generation:
             raise GenerationMismatchError(f"partition {partition_id} is at generation {m.generation}")
         if m.session_id != session_id:
             raise CasConflictError(f"partition {partition_id} is in session {m.session_id}, not {session_id}")
         m.replicas.update(states)
+        if replica_set is not None:
+            m.replica_set = sorted(replica_set)
 
 
 def connector(replicas: Mapping[str, FakeReplica]):  # type: ignore[no-untyped-def]
