@@ -39,12 +39,15 @@ SELF_STARTED_COORDINATION = ("local", "zookeeper", "etcd")
                    "the network: packets dropped, no reset).")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--no-nemesis", is_flag=True, help="Load only, no faults.")
+@click.option("--moves", is_flag=True,
+              help="Add the replica lane: each partition is on every storage node but one, and replicas move "
+                   "between nodes while the other faults go on (needs --storages 4 or more).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               help="Working directory (cluster data, logs, history.jsonl); default: a new temporary one.")
 @log_format_option
 def smoketest_command(duration: float, min_faults: int, clients: int, partitions: int, servers: int, storages: int, accounts: int,
                       coordination: str, connect: str | None, coordination_nodes: int, hosts: str, seed: int,
-                      no_nemesis: bool, directory: Path | None) -> None:
+                      no_nemesis: bool, moves: bool, directory: Path | None) -> None:
     """Chaos smoke test: a real cluster, bank transfers, kill -9/pause/proxy/isolate faults, a history checker.
 
     Exits 1 on any violation (lost acknowledged transaction, duplicate, gap, reordering, lock
@@ -55,6 +58,9 @@ def smoketest_command(duration: float, min_faults: int, clients: int, partitions
     from ..faults.netns import netns_available
     from .runner import SmokeOptions, run_smoketest
 
+    if moves and (storages < 4 or no_nemesis):
+        raise click.UsageError("--moves needs --storages 4 or more (each partition keeps 3 replicas or more) and "
+                               "the nemesis (not --no-nemesis)")
     if hosts == "netns" and not netns_available():
         raise click.UsageError("--hosts netns needs root and iproute2's `ip` (it creates network namespaces)")
     from ...cli.context import current_runtime
@@ -75,11 +81,12 @@ def smoketest_command(duration: float, min_faults: int, clients: int, partitions
     directory = directory or Path(tempfile.mkdtemp(prefix="waltz-smoketest-"))
     opts = SmokeOptions(directory, duration=duration, min_faults=min_faults, clients=clients, partitions=partitions, storages=storages,
                         servers=servers, accounts=accounts, coordination=coordination, connect=connect, seed=seed,
-                        nemesis=not no_nemesis, hosts=hosts, coordination_nodes=coordination_nodes)
+                        nemesis=not no_nemesis, hosts=hosts, coordination_nodes=coordination_nodes, moves=moves)
     click.echo(f"smoketest in {directory}: {storages} storages, {servers} servers, {coordination} coordination"
                f"{f' ({coordination_nodes} members)' if coordination_nodes > 1 else ''}, "
                f"{clients} clients x {partitions} partitions, {accounts} locks, {duration:.0f} s"
-               f"{', every process on its own host (netns)' if hosts == 'netns' else ''}")
+               f"{', every process on its own host (netns)' if hosts == 'netns' else ''}"
+               f"{', replicas moving' if moves else ''}")
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}")) as bar:
         task = bar.add_task("load + faults", total=duration, status="starting")

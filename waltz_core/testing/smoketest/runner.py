@@ -8,7 +8,12 @@ transfers (:mod:`.workload`) with a recorded history, and a nemesis:
 * storage lane (one storage at a time, never more than a minority down): kill -9 and restart,
   SIGSTOP/SIGCONT, proxy cut (reset + refuse), proxy black hole one way, proxy delay;
 * server lane (one server at a time): kill -9 and restart, SIGSTOP/SIGCONT;
-* coordination lane (ZooKeeper/etcd started by the smoke test only): kill -9 and restart.
+* coordination lane (ZooKeeper/etcd started by the smoke test only): kill -9 and restart;
+* replica lane (``moves``, one storage node more than each partition has replicas): a replica of
+  a random partition moves to a node that has none, as an operator does it (assign the new one,
+  then take out an old one, which may be down or cut off at that moment); ``unassign-partition``'s
+  refusal while the replicas that stay may lack committed records is honoured and retried. Nodes
+  that lost a replica get it back in later moves, with whatever their files still hold.
 
 With ``hosts="netns"`` every process runs on a host of its own (a Linux network namespace with
 its own address in 198.18.0.0/15, :class:`~waltz_core.testing.faults.netns.HostNetwork`; root
@@ -16,7 +21,7 @@ only), nothing goes through a proxy, and every lane gains ``isolate``: the host 
 the network (packets dropped, no reset) for the fault's hold time and comes back.
 
 At the end everything heals, a fresh client reads every partition from id 0, every replica
-catches up to the committed high-water mark, the processes stop, each replica's files are read
+assigned then catches up to the committed high-water mark, the processes stop, each replica's files are read
 offline, and :func:`waltz_core.testing.checker.check` gives the verdict.
 """
 
@@ -40,6 +45,8 @@ import attrs
 from ...app.local_cluster import ClusterSpec, ProcessCluster
 from ...config import CoordinationConfig
 from ...coordination import open_coordination
+from ...coordination.recipes import StoreMetadata
+from ...errors import MetadataEditError
 from ...storage.client import StorageAdminClient
 from ...transport import open_transport
 from ..checker import BankModel, LogEntry, Verdict, check
@@ -77,6 +84,9 @@ class SmokeOptions:
     fault_hold: tuple[float, float] = (0.4, 1.5)  #: seconds a fault lasts
     fault_gap: tuple[float, float] = (0.1, 0.6)  #: seconds between faults of one lane
     coordination_faults: bool = True
+    #: the replica lane: each partition on all storages but one, a replica moved every ``move_gap``
+    moves: bool = False
+    move_gap: tuple[float, float] = (1.0, 4.0)
     op_timeout: float = 4.0
     session_timeout: float = 3.0
     verify_timeout: float = 90.0
@@ -134,6 +144,7 @@ class Nemesis:
         #: (fault, start, end) of the faults that can stall commits (kill, isolate)
         self.windows: list[tuple[str, float, float]] = []
         self.isolation = procs.network is not None
+        self.moves_refused = 0  #: unassign-partition refusals of the replica lane (each retried)
 
     def _start(self, fault: str, target: str) -> float:
         now = time.monotonic()
@@ -234,6 +245,37 @@ class Nemesis:
             self.windows.append(("coordination-kill", t, time.monotonic()))
             self.history.nemesis("coordination-kill", name, "end")
 
+    async def replica_lane(self, stop: asyncio.Event, spec: ClusterSpec, metadata: StoreMetadata) -> None:
+        """Move a replica of a random partition to a node without one, one move at a time."""
+        index = {node.address: i for i, node in enumerate(spec.storages)}
+        while not stop.is_set():
+            await asyncio.sleep(self.rng.uniform(*self.opts.move_gap))
+            if stop.is_set():
+                break
+            partition = self.rng.randrange(self.opts.partitions)
+            assignment = await metadata.get_replica_assignments()
+            holders = sorted(ep for ep, pids in assignment.items() if partition in pids)
+            spares = sorted(ep for ep, pids in assignment.items() if partition not in pids)
+            self._start("replica-move", f"partition-{partition}")
+            if spares:  # else an earlier move's old replica is still there: take it out now
+                target = self.rng.choice(spares)
+                await metadata.assign_partitions(target, [partition])
+                try:  # the node may be down or cut off: it is told when it restarts, or by a later move
+                    await spec.assign_on_storage(index[target], timeout=3.0)
+                except Exception as exc:  # noqa: BLE001 - any failure to reach it is the fault's business
+                    log.info("replica lane: storage %s not told of partition %d yet: %s", target, partition, exc)
+                await asyncio.sleep(self.rng.uniform(0.0, 3.0))  # sometimes before it caught up
+            victim = self.rng.choice(holders)
+            for _ in range(40):
+                try:
+                    await metadata.unassign_partitions(victim, [partition], keep_majority=True)
+                    break
+                except MetadataEditError as exc:
+                    self.moves_refused += 1
+                    log.info("replica lane: %s", exc)
+                    await asyncio.sleep(0.5)
+            self.history.nemesis("replica-move", f"partition-{partition}", "end")
+
     async def heal(self) -> None:
         for proxy in self.proxies:
             proxy.heal()
@@ -282,8 +324,10 @@ def commit_stalls(history: History, windows: list[tuple[str, float, float]]) -> 
     return out
 
 
-async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: dict[int, int], timeout: float) -> None:
-    """Poll every storage's admin port until it holds each partition's committed high-water mark."""
+async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: dict[int, int], timeout: float,
+                             assigned: dict[int, set[int]] | None = None) -> None:
+    """Poll every storage's admin port until it holds the committed high-water mark of each
+    partition (each partition ``assigned`` to it: storage index -> partitions, if given)."""
     transport = open_transport(spec.transport_config, spec.runtime.registries)
     try:
         deadline = time.monotonic() + timeout
@@ -298,6 +342,8 @@ async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: di
                     await asyncio.sleep(0.2)
             try:
                 for p, hwm in hwms.items():
+                    if assigned is not None and p not in assigned.get(i, set()):
+                        continue
                     while hwm >= 0 and not await admin.record_list(p, hwm, 1):
                         if time.monotonic() > deadline:
                             log.warning("storage-%d did not catch up partition %d to %d", i, p, hwm)
@@ -307,6 +353,21 @@ async def wait_replicas_hold(spec: ClusterSpec, key: uuid.UUID, n: int, hwms: di
                 await admin.close()
     finally:
         await transport.aclose()
+
+
+async def _spread_replicas(spec: ClusterSpec) -> None:
+    """Create the cluster with each partition on every storage node but one (partition ``p`` not
+    on node ``p mod N``), so the replica lane always has a node to move a replica to."""
+    assert spec.coordination is not None
+    await spec.bootstrap()
+    backend = open_coordination(spec.coordination, spec.runtime.registries)
+    await backend.start()
+    try:
+        metadata = StoreMetadata(backend, spec.coordination.root)
+        for p in range(spec.num_partitions):
+            await metadata.unassign_partitions(spec.storages[p % spec.num_storages].address, [p])
+    finally:
+        await backend.close()
 
 
 ProgressHook = Callable[[float, dict[str, Any]], None]
@@ -367,16 +428,20 @@ async def run_smoketest(opts: SmokeOptions, progress: ProgressHook | None = None
         else:
             hosts = network.hosts
             cluster = ProcessCluster(spec, on_host=lambda name, argv: hosts[name].command(argv))
+        if opts.moves:
+            await _spread_replicas(spec)  # with the addresses registered: the proxies', on loopback
         await cluster.start()
         procs = ClusterProcesses(cluster, launcher, network)
         outcome = await _drive(opts, spec, procs, proxies, history, progress, cluster_hook)
         hwms = {p: len(entries) - 1 for p, entries in outcome["logs"].items()}
+        assigned: dict[int, set[int]] = outcome["assigned"]
         key, n = await spec.store_params()
-        await wait_replicas_hold(spec, key, n, hwms, timeout=60.0)
+        await wait_replicas_hold(spec, key, n, hwms, timeout=60.0, assigned=assigned)
         cluster.stop()
         replicas: dict[int, dict[str, list[LogEntry]]] = {p: {} for p in range(opts.partitions)}
         for i in range(opts.storages):
-            for p, records in spec.read_replica(i, key, n).items():
+            # A replica moved away keeps what it had (a dirty tail too): only assigned ones must agree.
+            for p, records in spec.read_replica(i, key, n, sorted(assigned.get(i, set()))).items():
                 replicas[p][f"storage-{i}"] = [LogEntry(r.transaction_id, req_key(r.req_id), r.header, bytes(r.data))
                                                for r in records]
     finally:
@@ -429,6 +494,9 @@ async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses,
                       asyncio.ensure_future(nemesis.server_lane(stop))]
             if procs.coordination is not None and opts.coordination_faults:
                 lanes.append(asyncio.ensure_future(nemesis.coordination_lane(stop)))
+            if opts.moves:
+                metadata = StoreMetadata(backend, spec.coordination.root)
+                lanes.append(asyncio.ensure_future(nemesis.replica_lane(stop, spec, metadata)))
         start = time.monotonic()
 
         def going_on() -> bool:
@@ -461,7 +529,12 @@ async def _drive(opts: SmokeOptions, spec: ClusterSpec, procs: ClusterProcesses,
             reader = PartitionWorker(999, p, transport, backend, spec.coordination.root, None, accounts=opts.accounts,
                                      initial=opts.initial_balance, rng=random.Random(0))
             logs[p] = await reader.read_all(opts.verify_timeout)
-        return {"logs": logs, "faults": dict(nemesis.counts), "windows": windows}
+        replica_assignments = await StoreMetadata(backend, spec.coordination.root).get_replica_assignments()
+        index = {node.address: i for i, node in enumerate(spec.storages)}
+        assigned = {index[ep]: set(pids) for ep, pids in replica_assignments.items() if ep in index}
+        if nemesis.moves_refused:
+            log.info("replica lane: unassign-partition refused %d times (each retried)", nemesis.moves_refused)
+        return {"logs": logs, "faults": dict(nemesis.counts), "windows": windows, "assigned": assigned}
     finally:
         await backend.close()
         await transport.aclose()
