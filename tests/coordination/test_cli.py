@@ -177,3 +177,42 @@ def test_existing_cluster_and_bad_ranges(coord: list[str]) -> None:
     assert code == 1 and "partitions 3-5 do not exist" in err
     code, _, err = run_main("cluster", "add-storage-node", *coord, "-s", "nohostport", "-a", "2", "-g", "0")
     assert code == 1 and "host:port" in err
+
+
+def test_a_forced_unassign_also_takes_the_replica_out_of_the_next_recoverys_vote(
+        coord: list[str], tmp_path: Path) -> None:
+    """The next recovery votes among the previous session's replicas (``replica_set``) and waits
+    for a majority of them. A replica taken out without --force still counts there (offline): the
+    records only it and another hold stay safe. With --force the operator declares it lost: it
+    leaves ``replica_set`` too, or the partition would wait for it for ever."""
+    import asyncio
+
+    from waltz_core.config import CoordinationConfig
+    from waltz_core.coordination import open_coordination, recipes
+    from waltz_core.runtime import Runtime
+
+    assert run("cluster", "create", *coord, "-n", "demo", "--partitions", "1").exit_code == 0
+    nodes = [f"127.0.0.1:{port}" for port in (7000, 7100, 7200)]
+    for node in nodes:
+        assert run("cluster", "add-storage-node", *coord, "-s", node, "-a", "1", "-g", "0").exit_code == 0
+        assert run("cluster", "assign-partition", *coord, "-p", "0", "-s", node).exit_code == 0
+
+    async def metadata(replica_set: list[str] | None = None) -> recipes.PartitionMetadata:
+        config = CoordinationConfig(name="local", connect=str(tmp_path / "coord"), root="/waltz")
+        backend = open_coordination(config, Runtime.load().registries)
+        await backend.start()
+        try:
+            sm = recipes.StoreMetadata(backend, "/waltz")
+            meta, version = await sm.get_partition_metadata(0)
+            if replica_set is not None:  # what a session that finished its recovery writes
+                await sm.cas_partition_metadata(0, recipes.PartitionMetadata(1, 3, {}, replica_set), version)
+                meta, _ = await sm.get_partition_metadata(0)
+            return meta
+        finally:
+            await backend.close()
+
+    asyncio.run(metadata(nodes))
+    assert run("cluster", "unassign-partition", *coord, "-p", "0", "-s", nodes[0]).exit_code == 0
+    assert asyncio.run(metadata()).replica_set == tuple(nodes)  # still a voter, counted offline
+    assert run("cluster", "unassign-partition", *coord, "-p", "0", "-s", nodes[1], "--force").exit_code == 0
+    assert asyncio.run(metadata()).replica_set == (nodes[0], nodes[2])

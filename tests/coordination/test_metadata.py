@@ -31,6 +31,7 @@ from waltz_core.errors import CoordinationError
     PartitionAssignment(3, [PartitionInfo(1, 2, 7, "h:1"), PartitionInfo(0, 0, None, None)]),
     StoreParams(uuid.uuid4(), 8),
     PartitionMetadata(5, 9, {"h:1": ReplicaState(9), "h:2": ReplicaState(8, 1234)}),
+    PartitionMetadata(5, 9, {"h:1": ReplicaState(9)}, replica_set=["h:2", "h:1", "h:3"]),
     PartitionMetadata.EMPTY,
 ])
 def test_values_round_trip_through_readable_json(value: object) -> None:
@@ -84,3 +85,10 @@ def test_server_descriptors_of_the_previous_release_still_read() -> None:
     assert decode("/k", old, ServerDescriptor.from_json) == ServerDescriptor("10.1.2.3:55180", (1,), 3)
     assert ServerDescriptor("10.1.2.3:55180", (), 3).to_json()["host"] == "10.1.2.3"
     assert "host" not in ServerDescriptor("unix:/run/waltz/server.sock").to_json()
+
+
+def test_partition_metadata_of_an_earlier_release_reads_without_a_replica_set() -> None:
+    raw = b'{"generation": 3, "replicas": {}, "session_id": 12}'
+    meta = decode("/k", raw, PartitionMetadata.from_json)
+    assert meta.replica_set is None and "replica_set" not in meta.to_json()
+    assert PartitionMetadata(1, 2, {}, replica_set=["b:1", "a:1"]).to_json()["replica_set"] == ["a:1", "b:1"]

@@ -465,8 +465,13 @@ class StoreMetadata:
         ``keep_majority`` (what ``waltz cluster unassign-partition`` asks unless ``--force``): also
         refused for a partition that would keep fewer than a majority of its replicas, none
         included. A partition's committed records are on a majority of its replicas, not
-        necessarily on the ones that stay: removing more could leave only replicas that lack some,
-        and the next session's recovery would then settle for what they hold.
+        necessarily on the ones that stay. The next recovery votes among the previous session's
+        replicas (``replica_set`` of the partition metadata), counting one taken out as offline, so
+        removing more would leave the partition waiting for them for ever.
+
+        Without ``keep_majority`` (``--force``: the replicas are lost for good) the replicas also
+        leave the partition's ``replica_set``, so the next recovery settles for what the others
+        hold, whatever only the removed ones held.
         """
         ids = await self._partition_ids(partitions)
         async with self.admin_lock():
@@ -493,6 +498,22 @@ class StoreMetadata:
                 return {**m, storage: sorted(set(m.get(storage, [])) - set(ids))}
 
             await self._edit(self.paths.assignment, parse_replica_assignments, with_removed)
+            if not keep_majority:
+                for pid in ids:
+                    await self._forget_voter(pid, storage)
+
+    async def _forget_voter(self, partition_id: int, storage: str) -> None:
+        """Take ``storage`` out of the partition's ``replica_set`` (retried on a concurrent write)."""
+        while True:
+            meta, version = await self.get_partition_metadata(partition_id)
+            if meta.replica_set is None or storage not in meta.replica_set:
+                return
+            rest = [ep for ep in meta.replica_set if ep != storage]
+            try:
+                await self.cas_partition_metadata(partition_id, attrs.evolve(meta, replica_set=rest or None), version)
+                return
+            except CasConflictError:
+                continue
 
     async def auto_assign(self, group: int) -> dict[str, list[int]]:
         """Round-robin every partition over the nodes of ``group`` (sorted by ``host:port``); return the result.
