@@ -37,7 +37,8 @@ async def store_metadata(tmp_path: Path) -> AsyncIterator[recipes.StoreMetadata]
         await backend.close()
 
 
-async def test_a_session_keeps_the_states_of_assigned_replicas_only(store_metadata: recipes.StoreMetadata) -> None:
+async def test_a_moved_replicas_state_stays_while_it_votes_and_goes_a_session_later(
+        store_metadata: recipes.StoreMetadata) -> None:
     meta = CoordinationMetadata(store_metadata)
     start = await meta.begin_session(0, generation=1)
     assert (start.session_id, start.states, start.assigned, start.previous_replicas) == (0, {}, NODES[:3], None)
@@ -48,19 +49,26 @@ async def test_a_session_keeps_the_states_of_assigned_replicas_only(store_metada
     await store_metadata.unassign_partitions(NODES[2], [0])
     start = await meta.begin_session(0, generation=1)
     assert start.assigned == [NODES[0], NODES[1], NODES[3]]
-    assert start.states == {node: ReplicaState(0, UNRESOLVED) for node in NODES[:2]}
-    # The next recovery votes among session 0's replicas: its commits are on a majority of them.
+    # The next recovery votes among session 0's replicas: its commits are on a majority of them,
+    # and the one taken out keeps its state (it may be assigned again before that recovery ends).
     assert start.previous_replicas == NODES[:3]
+    assert start.states == engaged
     stored, _ = await store_metadata.get_partition_metadata(0)
-    assert stored.session_id == start.session_id == 1
-    assert dict(stored.replicas) == start.states  # the moved replica's state left the metadata itself
-    assert stored.replica_set == tuple(NODES[:3])  # until session 1 finishes its recovery
-    await meta.write_states(0, 1, 1, {NODES[3]: ReplicaState(1, UNRESOLVED)}, replica_set=start.assigned)
+    assert stored.session_id == start.session_id == 1 and stored.replica_set == tuple(NODES[:3])
+    # Session 1 finishes its recovery at 41: the moved replica's closing mark is resolved.
+    states = {NODES[0]: ReplicaState(1, UNRESOLVED), NODES[1]: ReplicaState(1, UNRESOLVED),
+              NODES[3]: ReplicaState(1, UNRESOLVED), NODES[2]: ReplicaState(0, 41)}
+    await meta.write_states(0, 1, 1, states, replica_set=start.assigned)
     stored, _ = await store_metadata.get_partition_metadata(0)
     assert stored.replica_set == (NODES[0], NODES[1], NODES[3])
     await meta.write_states(0, 1, 1, {NODES[3]: ReplicaState(1, UNRESOLVED)})  # a join: the set stays
     stored, _ = await store_metadata.get_partition_metadata(0)
     assert stored.replica_set == (NODES[0], NODES[1], NODES[3])
+    # Session 2: the moved replica is neither assigned nor a voter any more; its state goes.
+    start = await meta.begin_session(0, generation=1)
+    assert NODES[2] not in start.states and start.previous_replicas == [NODES[0], NODES[1], NODES[3]]
+    stored, _ = await store_metadata.get_partition_metadata(0)
+    assert NODES[2] not in stored.replicas  # the metadata does not grow with every node ever used
     # Partition 1 was not touched.
     other, _ = await store_metadata.get_partition_metadata(1)
     assert other == recipes.PartitionMetadata.EMPTY

@@ -468,6 +468,25 @@ async def test_recovery_waits_while_the_previous_sessions_majority_cannot_be_hea
     assert result.high_water_mark == 29
 
 
+async def test_a_replica_taken_out_and_back_before_a_session_went_on_without_it_still_votes() -> None:
+    """Session 0 ran on s1-s4 and committed 0..29 on s1, s3 and s4 (3 of 4). s1 is taken out, and
+    a session begins but does not finish its recovery; s1 is assigned again. It is still one of
+    the replicas whose majority committed, so its state must still say so: pruned, it would be
+    taken for inconsistent and truncated to its low-water mark, one holder of 29 fewer."""
+    from waltz_core.coordination.metadata import PartitionMetadata, states_kept
+
+    eps = EPS + ["s4:1"]
+    replicas = {ep: Replica(ep) for ep in eps}
+    await seed_logs(replicas, {"s1:1": 30, "s2:1": 20, "s3:1": 30, "s4:1": 30})
+    meta = PartitionMetadata(1, 0, {ep: ReplicaState(0, UNRESOLVED) for ep in eps}, replica_set=eps)
+    states = states_kept(meta, ["s2:1", "s3:1", "s4:1"])  # the session that began without s1
+    assert states["s1:1"] == ReplicaState(0, UNRESOLVED)
+    replicas["s3:1"].down = True
+    result = await Recovery(0, 2, eps, states, connector(replicas), retry_interval=0.01, previous=eps).run()
+    assert result.high_water_mark == 29
+    assert [x.transaction_id for x in replicas["s2:1"].log(0)] == list(range(30))
+
+
 async def test_closing_a_partition_while_it_recovers_stops_everything() -> None:
     from waltz_core.locks.exact import ExactLockTable
     from waltz_core.server.partition import Partition
@@ -556,8 +575,9 @@ async def test_a_replica_unassigned_while_down_and_assigned_again_keeps_no_dirty
     operator moves its replica to another node, the log goes on there, then the old node comes
     back and is assigned again. Its old state must not make it look engaged in the last session:
     it would propose its max transaction id and keep the dirty records under ids the log has since
-    given to other transactions. Unassigned replicas' states leave the metadata, so it is treated
-    as inconsistent and truncated to its own low-water mark before it catches up."""
+    given to other transactions. The recovery that went on without it resolved its closing
+    high-water mark (Waltz step 6, for every replica the metadata knows), so it is truncated to
+    that mark before it catches up."""
     replicas, meta, store, sink = make()
     replicas["s4:1"] = Replica("s4:1")
     await store.open(sink)
@@ -575,7 +595,7 @@ async def test_a_replica_unassigned_while_down_and_assigned_again_keeps_no_dirty
     await store.flush()
     assert ids == list(range(10, 20))
     await store.close()
-    assert "s3:1" not in meta.meta[0].replicas  # the state of a replica no longer assigned is gone
+    assert meta.meta[0].replicas["s3:1"] == ReplicaState(0, 9)  # resolved: the mark the log went on from
     s3.down = False
     meta.assignments[0] = list(EPS)
     store = ReplicatedStore(0, 0, meta, connector(replicas), CONFIG)

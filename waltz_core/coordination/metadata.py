@@ -217,20 +217,21 @@ class PartitionMetadata:
 PartitionMetadata.EMPTY = PartitionMetadata(generation=-1, session_id=-1, replicas={})
 
 
-def states_of_assigned(states: Mapping[str, ReplicaState], assigned: Iterable[str]) -> dict[str, ReplicaState]:
-    """The replica states a new store session keeps: those of the replicas assigned now.
+def states_kept(meta: PartitionMetadata, assigned: Iterable[str]) -> dict[str, ReplicaState]:
+    """The replica states a new store session keeps: those of the replicas assigned now and of
+    the previous session's replicas (``meta.replica_set``), which the recovery's vote still counts.
 
-    A state outside the assignment is never read while its replica stays unassigned, and it
-    would be wrong if the replica came back: a node taken out while down keeps its last
-    session's state, "engaged", while the log goes on without it, so once assigned again it
-    would propose its max transaction id, dirty tail included, and keep that tail under ids the
-    log has since given to other transactions. With no state, recovery finds it inconsistent
-    and truncates it to the low-water mark its storage saved (a committed prefix) before it
-    catches up. Dropping them also keeps the metadata from growing with every node a partition
-    has ever been on.
+    Every other state belongs to a replica that was taken out and left behind by a session that
+    finished its recovery without it. That recovery resolved its closing high-water mark (step 6
+    of the Waltz design, for every replica it knew), so dropping the state loses nothing: should
+    the replica be assigned again, recovery finds it inconsistent and truncates it to the
+    low-water mark its storage saved, a committed prefix. Dropping them keeps the metadata from
+    growing with every node a partition has ever been on. A state kept must not be dropped: a
+    replica taken out and assigned again before any session finished without it is a voter, and
+    its own state is what lets it vote with what it holds.
     """
-    wanted = set(assigned)
-    return {endpoint: state for endpoint, state in states.items() if endpoint in wanted}
+    keep = set(assigned) | set(meta.replica_set or ())
+    return {endpoint: state for endpoint, state in meta.replicas.items() if endpoint in keep}
 
 
 # ------------------------------------------------------------------------------------ encoding

@@ -352,7 +352,7 @@ async def unassign_partition_command(backend: CoordinationBackend, root: str, pa
     from .metadata import format_partition_ranges
     from .recipes import StoreMetadata
 
-    await StoreMetadata(backend, root).unassign_partitions(storage, partitions, keep_majority=not force)
+    await StoreMetadata(backend, root).unassign_partitions(storage, partitions, keep_majority=not force, lost=force)
     _console().print(f"unassigned partitions {format_partition_ranges(partitions)} from {storage}")
 
 

@@ -459,7 +459,8 @@ class StoreMetadata:
 
             await self._edit(self.paths.assignment, parse_replica_assignments, with_added)
 
-    async def unassign_partitions(self, storage: str, partitions: Iterable[int], *, keep_majority: bool = False) -> None:
+    async def unassign_partitions(self, storage: str, partitions: Iterable[int], *, keep_majority: bool = False,
+                                  lost: bool = False) -> None:
         """Remove replicas of ``partitions`` from ``storage``; refused for partitions not assigned there.
 
         ``keep_majority`` (what ``waltz cluster unassign-partition`` asks unless ``--force``): also
@@ -469,9 +470,9 @@ class StoreMetadata:
         replicas (``replica_set`` of the partition metadata), counting one taken out as offline, so
         removing more would leave the partition waiting for them for ever.
 
-        Without ``keep_majority`` (``--force``: the replicas are lost for good) the replicas also
-        leave the partition's ``replica_set``, so the next recovery settles for what the others
-        hold, whatever only the removed ones held.
+        ``lost`` (``--force``: the replicas are gone for good) also takes them out of the
+        partition's ``replica_set``, so the next recovery settles for what the others hold,
+        whatever only the removed ones held.
         """
         ids = await self._partition_ids(partitions)
         async with self.admin_lock():
@@ -498,7 +499,7 @@ class StoreMetadata:
                 return {**m, storage: sorted(set(m.get(storage, [])) - set(ids))}
 
             await self._edit(self.paths.assignment, parse_replica_assignments, with_removed)
-            if not keep_majority:
+            if lost:
                 for pid in ids:
                     await self._forget_voter(pid, storage)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from ..coordination.metadata import PartitionMetadata, ReplicaState, states_of_assigned
+from ..coordination.metadata import PartitionMetadata, ReplicaState, states_kept
 from ..coordination.recipes import StoreMetadata
 from ..errors import CasConflictError, GenerationMismatchError, WaltzError
 from ..retry import RetryPolicy
@@ -42,7 +42,7 @@ class CoordinationMetadata:
                     f"partition {partition_id} is at generation {meta.generation}; this server has {generation}")
             assignments = await self.sm.get_replica_assignments()
             assigned = sorted(ep for ep, pids in assignments.items() if partition_id in pids)
-            states = states_of_assigned(meta.replicas, assigned)
+            states = states_kept(meta, assigned)
             new = PartitionMetadata(generation=generation, session_id=meta.session_id + 1, replicas=states,
                                     replica_set=meta.replica_set)
             try:

@@ -282,9 +282,14 @@ class Recovery:
         return RecoveryResult(hwm, frozenset(clean), lagging, self.new_states(clean, hwm))
 
     def new_states(self, clean: set[str], hwm: int) -> dict[str, ReplicaState]:
-        """Step 6 of the Waltz design's recovery: the replica states written to the partition metadata."""
+        """Step 6 of the Waltz design's recovery: the replica states written to the partition metadata.
+
+        For every replica the metadata knows, assigned or not: one of the previous session taken
+        out since gets its closing high-water mark resolved here too, so that if it is assigned
+        again it is truncated to it, dirty tail and all (a state left unresolved would let it
+        propose its max transaction id against a log that went on without it)."""
         out: dict[str, ReplicaState] = {}
-        for endpoint in self.assigned:
+        for endpoint in dict.fromkeys([*self.assigned, *sorted(self.states)]):
             old = self.states.get(endpoint)
             if endpoint in clean:
                 out[endpoint] = ReplicaState(self.session_id, UNRESOLVED)

@@ -59,7 +59,7 @@ class SessionStart:
     """What :meth:`MetadataAccess.begin_session` took and read."""
 
     session_id: int
-    states: dict[str, ReplicaState]  #: replica states of the replicas assigned now
+    states: dict[str, ReplicaState]  #: replica states of the replicas assigned now and of the previous session's
     assigned: list[str]  #: the replicas assigned now: the new session's
     #: the replicas of the last session that finished its recovery (None: not recorded)
     previous_replicas: list[str] | None = None
@@ -72,8 +72,8 @@ class MetadataAccess(Protocol):
         """Take a new session id by CAS; return it with the replica states, the assigned replicas
         and the replica set of the last session that finished its recovery.
 
-        The states of replicas no longer assigned leave the metadata in the same CAS (see
-        :func:`~waltz_core.coordination.metadata.states_of_assigned`). Raises
+        The states of replicas neither assigned nor of the previous session leave the metadata in
+        the same CAS (see :func:`~waltz_core.coordination.metadata.states_kept`). Raises
         GenerationMismatchError when the metadata carries a newer generation (we are stale).
         """
 

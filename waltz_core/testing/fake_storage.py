@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from ..coordination.metadata import ReplicaState, states_of_assigned
+from ..coordination.metadata import PartitionMetadata, ReplicaState, states_kept
 from ..errors import (
     CasConflictError,
     ConnectionClosedError,
@@ -168,7 +168,7 @@ class MemoryMetadata:
         assigned = list(self.assignments.get(partition_id, []))
         m.generation = generation
         m.session_id += 1
-        m.replicas = states_of_assigned(m.replicas, assigned)
+        m.replicas = states_kept(PartitionMetadata(m.generation, m.session_id, m.replicas, m.replica_set), assigned)
         previous = list(m.replica_set) if m.replica_set is not None else None
         return SessionStart(m.session_id, dict(m.replicas), assigned, previous)
 
