@@ -12,14 +12,16 @@ replica whose host vanished costs nothing but its absence):
 4. else it was engaged in the last session: it proposes its max transaction id.
 
 Then the vote (:mod:`.vote`) over the marks of the replicas of the previous session (the last
-one that finished its recovery, recorded in the partition metadata): its commits are on a
-majority of *those*, so a vote among the replicas assigned now, when a replica was added or taken
-out since, would count against the wrong majority. A replica added since does not vote; one taken
-out counts as offline. While undecidable, replicas behind the most advanced one catch up from it
-(every reachable replica holds a prefix of the same sequence after steps 2-4), offline replicas
-are retried, and the vote is re-evaluated on every change. Once decided at ``H``: replicas above ``H`` are truncated (dirty transactions), replicas
-below catch up, each replica at ``H`` gets the low-water mark ``H`` under the new session id,
-and the new replica states follow step 6 of the Waltz design's recovery.
+one that finished its recovery, recorded in the partition metadata): every committed record is
+on a majority of *those*, so a vote among the replicas assigned now, when a replica was added or
+taken out since, would count against the wrong majority. A replica added since does not vote;
+one taken out counts as offline. While undecidable, replicas behind the most advanced one catch
+up from it (every reachable replica holds a prefix of the same sequence after steps 2-4),
+offline replicas are retried, and the vote is re-evaluated on every change. Once decided at
+``H``: replicas above ``H`` are truncated (dirty transactions), replicas below catch up until a
+majority of the replicas assigned now holds ``H``, each replica at ``H`` gets the low-water mark
+``H`` under the new session id, and the new replica states follow step 6 of the Waltz design's
+recovery, for every replica the metadata knows.
 """
 
 from __future__ import annotations

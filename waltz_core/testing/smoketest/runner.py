@@ -11,9 +11,8 @@ transfers (:mod:`.workload`) with a recorded history, and a nemesis:
 * coordination lane (ZooKeeper/etcd started by the smoke test only): kill -9 and restart;
 * replica lane (``moves``, one storage node more than each partition has replicas): a replica of
   a random partition moves to a node that has none, as an operator does it (assign the new one,
-  then take out an old one, which may be down or cut off at that moment); ``unassign-partition``'s
-  refusal while the replicas that stay may lack committed records is honoured and retried. Nodes
-  that lost a replica get it back in later moves, with whatever their files still hold.
+  then take out an old one, which may be down or cut off at that moment). Nodes that lost a
+  replica get it back in later moves, with whatever their files still hold.
 
 With ``hosts="netns"`` every process runs on a host of its own (a Linux network namespace with
 its own address in 198.18.0.0/15, :class:`~waltz_core.testing.faults.netns.HostNetwork`; root
@@ -46,7 +45,7 @@ from ...app.local_cluster import ClusterSpec, ProcessCluster
 from ...config import CoordinationConfig
 from ...coordination import open_coordination
 from ...coordination.recipes import StoreMetadata
-from ...errors import MetadataEditError
+from ...errors import MetadataEditError, WaltzError
 from ...storage.client import StorageAdminClient
 from ...transport import open_transport
 from ..checker import BankModel, LogEntry, Verdict, check
@@ -253,10 +252,18 @@ class Nemesis:
             if stop.is_set():
                 break
             partition = self.rng.randrange(self.opts.partitions)
-            assignment = await metadata.get_replica_assignments()
-            holders = sorted(ep for ep, pids in assignment.items() if partition in pids)
-            spares = sorted(ep for ep, pids in assignment.items() if partition not in pids)
-            self._start("replica-move", f"partition-{partition}")
+            try:
+                await self._move_a_replica(spec, metadata, partition, index)
+            except WaltzError as exc:  # coordination cut off or restarting: the next move tries again
+                log.info("replica lane: a move of partition %d stopped: %s", partition, exc)
+
+    async def _move_a_replica(self, spec: ClusterSpec, metadata: StoreMetadata, partition: int,
+                              index: dict[str, int]) -> None:
+        assignment = await metadata.get_replica_assignments()
+        holders = sorted(ep for ep, pids in assignment.items() if partition in pids)
+        spares = sorted(ep for ep, pids in assignment.items() if partition not in pids)
+        self._start("replica-move", f"partition-{partition}")
+        try:
             if spares:  # else an earlier move's old replica is still there: take it out now
                 target = self.rng.choice(spares)
                 await metadata.assign_partitions(target, [partition])
@@ -270,10 +277,11 @@ class Nemesis:
                 try:
                     await metadata.unassign_partitions(victim, [partition], keep_majority=True)
                     break
-                except MetadataEditError as exc:
+                except MetadataEditError as exc:  # the count check (a partition never loses a majority here)
                     self.moves_refused += 1
                     log.info("replica lane: %s", exc)
                     await asyncio.sleep(0.5)
+        finally:
             self.history.nemesis("replica-move", f"partition-{partition}", "end")
 
     async def heal(self) -> None:
