@@ -103,7 +103,7 @@ class Recovery:
         self._backoff = RetryPolicy(initial=retry_interval, maximum=max_retry_interval)
         self.quorum = quorum_of(len(assigned))
         #: who votes: the replicas of the previous session (the ones assigned now if not recorded)
-        self.voters = sorted(set(previous)) if previous else sorted(set(assigned))
+        self.voters = frozenset(previous or assigned)
         self.last_vote: VoteResult | None = None
 
     async def run(self) -> RecoveryResult:
@@ -182,8 +182,7 @@ class Recovery:
     def _evaluate(self, replicas: dict[str, _Replica]) -> VoteResult:
         # A replica of the previous session that is no longer assigned is never asked: offline.
         # Once decided, _finish brings a majority of the replicas assigned now to the mark.
-        voters = set(self.voters)
-        return evaluate({r.endpoint: r.mark for r in replicas.values() if r.prepared and r.endpoint in voters},
+        return evaluate({r.endpoint: r.mark for r in replicas.values() if r.prepared and r.endpoint in self.voters},
                         len(self.voters))
 
     async def _prepare(self, endpoint: str, api: ReplicaApi) -> int:
