@@ -34,6 +34,9 @@ class ScriptedStore:
         self.appended.append(data)
         return len(self.appended) - 1
 
+    def append_if_writable(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int | None:
+        return self.append(req_id, header, data, checksum)
+
     @property
     def writable(self) -> bool:
         return True

@@ -47,6 +47,18 @@ async def test_appends_behind_a_barrier_wait_for_it_in_order(mounted: Any) -> No
     assert store.appended == [b"a", b"c", b"d"]
 
 
+async def test_an_append_offered_in_the_step_that_queued_a_barrier_waits_for_it(mounted: Any) -> None:
+    # The task has not woken for the flush yet (no step in between), so it still looks idle:
+    # the append must go behind the flush all the same.
+    store, partition, link = mounted
+    assert partition.offer(m.FlushRequest(ReqId(1, 1, 0, 1)), link) is None
+    partition.offer(append(2, b"b"), link)
+    assert store.appended == [], "an append offered after a flush must not be decided ahead of it"
+    await settle()
+    assert store.appended == [b"b"]
+    assert len(link.of(m.FlushResponse)) == 1, "the flush did not wait for the append after it"
+
+
 async def test_an_append_with_locks_is_left_to_the_task(mounted: Any) -> None:
     store, partition, link = mounted
     partition.offer(append(1, b"locked", write=(7,)), link)
@@ -54,4 +66,13 @@ async def test_an_append_with_locks_is_left_to_the_task(mounted: Any) -> None:
     await settle()
     assert store.appended == [b"locked"]
     partition.offer(append(2, b"free"), link)
+    assert store.appended == [b"locked", b"free"]
+
+
+async def test_an_append_offered_in_the_step_that_queued_one_with_locks_keeps_its_order(mounted: Any) -> None:
+    store, partition, link = mounted
+    partition.offer(append(1, b"locked", write=(7,)), link)
+    partition.offer(append(2, b"free"), link)
+    assert store.appended == [], "the append without locks must not overtake the one queued before it"
+    await settle()
     assert store.appended == [b"locked", b"free"]

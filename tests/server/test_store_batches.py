@@ -71,3 +71,29 @@ async def test_each_record_is_encoded_once_and_replicas_get_the_same_bytes(monke
         assert b"".join(bytes(b.data) for b in replica.batches) == stored
         assert all(len(b) <= CONFIG.max_batch_size for b in replica.batches)
     await store.close()
+
+
+async def test_append_if_writable_appends_exactly_while_the_store_is_writable() -> None:
+    """The partition's one-call path agrees with ``writable``: appends up to the window of
+    appends in flight, then None (nothing assigned) until commits make room again."""
+    replicas = {ep: FakeReplica(ep) for ep in EPS}
+    store = ReplicatedStore(0, 0, MemoryMetadata({0: EPS}), connector(replicas), CONFIG)
+    sink = Sink()
+    await store.open(sink)
+    data = b"x"
+    taken: list[int] = []
+    while len(taken) < 10_000:  # no await in between: nothing is acknowledged meanwhile
+        writable = store.writable
+        txn = store.append_if_writable(ReqId(9, 0, 0, len(taken)), 0, data, crc32(data))
+        assert (txn is not None) == writable
+        if txn is None:
+            break
+        taken.append(txn)
+    assert taken == list(range(len(taken))) and 0 < len(taken) < 10_000
+    assert store.append_if_writable(ReqId(9, 0, 0, 0), 0, data, crc32(data)) is None, "still full"
+    await store.flush()
+    assert sink.committed == taken[-1]
+    assert store.append_if_writable(ReqId(9, 0, 0, len(taken)), 0, data, crc32(data)) == len(taken)
+    await store.flush()
+    await store.close()
+    assert store.append_if_writable(ReqId(9, 0, 0, 0), 0, data, crc32(data)) is None, "closed"

@@ -787,6 +787,12 @@ class FamilyCodec(Generic[M]):
             return fn
         return register
 
+    def decoder_of(self, cls: type[T]) -> Callable[[Buf], T]:
+        """The decoder :attr:`decode` calls for a payload of ``cls`` (its override, or the
+        generic one): for a reader that tests the type byte itself and calls it directly."""
+        self._check_member(cls)
+        return self._decoders[self._kind[cls]]
+
     def _check_member(self, cls: type) -> None:
         if cls not in self._generic_encoders:
             raise TypeError(f"{cls.__name__} is not a {self.name} message")

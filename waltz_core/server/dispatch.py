@@ -44,8 +44,13 @@ async def read_client_messages(link: ClientLink, partitions: Mapping[int, Partit
     channel = link.channel
     recv, decode = channel.conn.recv, channel.family.decode
     append_type = m.AppendRequest
+    # Most frames are appends: their decoder without the family's dispatch call (client links
+    # speak the client family, whose decode is m.CODEC's).
+    append_kind, decode_append = append_type.TYPE, m.CODEC.decoder_of(append_type)
     while True:
-        msg = decode(await recv())  # ProtocolError for bytes that do not decode
+        frame = await recv()
+        # ProtocolError for bytes that do not decode
+        msg: Any = decode_append(frame) if frame and frame[0] == append_kind else decode(frame)
         t = type(msg)
         if t is not append_type and t in ADMIN_REQUESTS:  # an append (most messages) is not one
             admin(msg, link)

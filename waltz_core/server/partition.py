@@ -69,6 +69,10 @@ class Store(Protocol):
     def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int:
         """Assign the next transaction id and start replicating it; commits arrive via the sink."""
 
+    def append_if_writable(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int | None:
+        """:meth:`append` when :attr:`writable`, else None (nothing changed): the check and the
+        append in one call, once per transaction."""
+
     @property
     def writable(self) -> bool:
         """True when :meth:`wait_writable` would return at once."""
@@ -216,12 +220,27 @@ class Partition:
         """:meth:`submit` without a coroutine: returns a future to await while the inbox is full."""
         t = type(msg)
         if t is _AppendRequest:
-            if (self._append_idle and not self._inbox and not self._blocked
-                    and not (msg.write_locks or msg.read_locks or msg.append_locks) and self._decided_now(msg, link)):
-                return None
+            # An append without locks while the append task is idle (so nothing is queued ahead
+            # of it: every put below clears the flag) is decided here, in the reader's call: one
+            # task wake-up less per partition and burst of appends, and the order is the task's.
+            # Appends with locks always go through the task: deciding them as they arrived halved
+            # the records per fdatasync at a lock pool of 128 (49 -> 23) and cost 45 % more CPU
+            # per transaction (docs/performance.md, "Many partitions, and what is left").
+            if self._append_idle and not self._blocked and not (msg.write_locks or msg.read_locks or msg.append_locks):
+                try:
+                    if self._append_plain(msg, link):
+                        return None
+                except WaltzError as exc:  # as the task does: logged, and the reader goes on
+                    log.warning("partition %d: %s", self.partition_id, exc)
+                    return None
+                except Exception:  # a bug must not end the client's connection
+                    log.exception("partition %d: unexpected error deciding an append", self.partition_id)
+                    return None
+            self._append_idle = False  # the task is woken for it (and clears the flag itself too)
             link.inbound_added()
             return self._inbox.put((msg, link))
         if t is m.MountRequest or t is m.FlushRequest:
+            self._append_idle = False
             link.inbound_added()
             return self._inbox.put(_Barrier(msg, link))
         if t is m.FeedRequest:
@@ -250,21 +269,23 @@ class Partition:
 
     # ---------------------------------------------------------------------------- append task
 
-    def _decided_now(self, req: m.AppendRequest, link: ClientLink) -> bool:
-        """An append without locks arriving while the append task is idle: decided here, in the
-        reader's call, when that needs no waiting; one task wake-up less per partition and burst
-        of appends. Nothing is queued ahead of it, so the order is the task's. False: queue it for
-        the task (nothing was changed).
-
-        Appends with locks always go through the task: deciding them as they arrived halved the
-        records per fdatasync at a lock pool of 128 (49 -> 23) and cost 45 % more CPU per
-        transaction (docs/performance.md, "Many partitions, and what is left")."""
-        try:
-            return self._append_now(req, link)
-        except WaltzError as exc:  # as the task does: logged, and the reader goes on
-            log.warning("partition %d: %s", self.partition_id, exc)
-        except Exception:  # a bug must not end the client's connection
-            log.exception("partition %d: unexpected error deciding an append", self.partition_id)
+    def _append_plain(self, req: m.AppendRequest, link: ClientLink) -> bool:
+        """An append without locks decided without awaiting (:meth:`offer`'s path): handed to
+        the store if it is writable, ignored if stale. False when the task must handle it;
+        nothing was changed then. :meth:`_append_now` and :meth:`_decide` in one call, for the
+        append most transactions are."""
+        q = req.req_id  # _is_current inlined: once per transaction
+        if q.generation != self.generation:
+            return True  # stale generation: ignored, as the original does
+        slot = self._clients.get(q.client_id)
+        if slot is None or slot.link is not link:
+            return True  # stale connection: ignored, as the original does
+        header, data, checksum = req.header, req.data, req.checksum
+        txn = self.store.append_if_writable(q, header, data, checksum)
+        if txn is None:
+            return False
+        self._pending.append((txn, q, header, data, checksum, NO_LOCKS, _monotonic()))
+        self.appends += 1
         return True
 
     async def _append_loop(self) -> None:
@@ -300,22 +321,18 @@ class Partition:
         """An append decided without awaiting: the store is writable and the append's locks, if
         any, do not collide with an append in flight (the usual case). False when :meth:`_append`
         must handle it; nothing was changed then."""
+        if not (req.write_locks or req.read_locks or req.append_locks):
+            return self._append_plain(req, link)
         if not self.store.writable:
             return False
-        q = req.req_id  # _is_current inlined: once per transaction
-        if q.generation != self.generation:
-            return True  # stale generation: ignored, as the original does
-        slot = self._clients.get(q.client_id)
-        if slot is None or slot.link is not link:
-            return True  # stale connection: ignored, as the original does
-        request = NO_LOCKS
-        if req.write_locks or req.read_locks or req.append_locks:
-            request = LockRequest.from_append(req)
-            if self.locks.begin(request) is not Begin.OK:  # type: ignore[union-attr]
-                if not self._pending:
-                    return False  # nothing in flight to wait for: stale marks, the awaiting path resets
-                self._blocked.append((req, link, request))  # decided once the collision committed
-                return True
+        if not self._is_current(req.req_id, link):
+            return True  # stale connection or generation: ignored, as the original does
+        request = LockRequest.from_append(req)
+        if self.locks.begin(request) is not Begin.OK:  # type: ignore[union-attr]
+            if not self._pending:
+                return False  # nothing in flight to wait for: stale marks, the awaiting path resets
+            self._blocked.append((req, link, request))  # decided once the collision committed
+            return True
         self._decide(req, link, request)
         return True
 

@@ -338,6 +338,9 @@ class StoreSession:
         self._records_event = asyncio.Event()
         self._records_set = False  #: mirrors _records_event.is_set() (checked once per append)
         self._broken: BaseException | None = None
+        #: a replica left the session (``_broken`` says why): it takes no more appends. An
+        #: attribute, not a property: the partition reads it once per transaction
+        self.broken = False
         self.rolling_over = False  #: draining before a checkpoint rollover to a new session
         self.streamers: list[_ReplicaSession] = []  #: replicas in streaming mode
         self._pump_scheduled = False
@@ -455,6 +458,7 @@ class StoreSession:
             self.store.hold_out(replica.endpoint, replica.api)
         if self._broken is None:
             self._broken = exc
+            self.broken = True
             self.store.session_broken(self, exc)
 
     async def stop(self) -> None:
@@ -464,10 +468,6 @@ class StoreSession:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    @property
-    def broken(self) -> bool:
-        return self._broken is not None
 
     @property
     def buffered_bytes(self) -> int:
@@ -722,6 +722,15 @@ class ReplicatedStore:
         if session is None or session.broken:
             raise PartitionNotReadyError(f"partition {self.partition_id}: no store session")
         return session.append(req_id, header, data, checksum)
+
+    def append_if_writable(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int | None:
+        """:meth:`append` when :attr:`writable`, else None: the partition's no-await path, once
+        per transaction (the two properties and the second check inline)."""
+        s = self.session
+        if (self._closed or s is None or s.broken or s.rolling_over
+                or s.last_assigned - s.committed >= self._window):
+            return None
+        return s.append(req_id, header, data, checksum)
 
     @property
     def writable(self) -> bool:

@@ -112,6 +112,9 @@ class MemoryStore:
         self._appended.set()
         return txn
 
+    def append_if_writable(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int | None:
+        return self.append(req_id, header, data, checksum) if self.writable else None
+
     @property
     def writable(self) -> bool:
         return not self._closed and self._sink is not None and self._last_assigned - self.high_water_mark < self.window
