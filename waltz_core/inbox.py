@@ -17,21 +17,23 @@ T = TypeVar("T")
 
 
 class Inbox(Generic[T]):
-    __slots__ = ("_items", "limit", "_ready", "_space", "_armed")
+    __slots__ = ("items", "limit", "_ready", "_space", "_armed")
 
     def __init__(self, limit: int) -> None:
-        self._items: deque[T] = deque()
+        #: what is queued, oldest first: a consumer may test it for emptiness directly (no call);
+        #: everything else goes through the methods
+        self.items: deque[T] = deque()
         self.limit = max(1, limit)
         self._ready: asyncio.Future[None] | None = None  #: the consumer waits here while empty
         self._space: asyncio.Future[None] | None = None  #: producers wait here while full (shared)
         self._armed: Callable[[], None] | None = None  #: called by the next put or nudge (see arm)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.items)
 
     def put(self, item: T) -> asyncio.Future[None] | None:
         """Queue ``item`` (always); a future to await before the next put when the inbox is full."""
-        items = self._items
+        items = self.items
         items.append(item)
         ready = self._ready
         if ready is not None:
@@ -52,7 +54,7 @@ class Inbox(Generic[T]):
         """Return once something is queued or :meth:`nudge` was called (the consumer; one at a time).
 
         After a nudge the inbox may still be empty: the consumer checks what it was nudged for."""
-        if not self._items:
+        if not self.items:
             self._ready = ready = asyncio.get_running_loop().create_future()
             await ready
 
@@ -76,25 +78,26 @@ class Inbox(Generic[T]):
 
     def popleft(self) -> T:
         """The oldest item (IndexError when empty)."""
-        item = self._items.popleft()
-        self._release()
+        item = self.items.popleft()
+        if self._space is not None:  # a producer may wait for room (rare): _release's test first, inline
+            self._release()
         return item
 
     def take(self, max_count: int) -> list[T]:
         """Up to ``max_count`` items, oldest first."""
-        popleft = self._items.popleft
-        batch = [popleft() for _ in range(min(len(self._items), max_count))]
+        popleft = self.items.popleft
+        batch = [popleft() for _ in range(min(len(self.items), max_count))]
         self._release()
         return batch
 
     def clear(self) -> None:
         """Drop everything; producers waiting for room go on (nothing will drain them otherwise)."""
-        self._items.clear()
+        self.items.clear()
         self._release()
 
     def _release(self) -> None:
         space = self._space
-        if space is not None and len(self._items) < self.limit:
+        if space is not None and len(self.items) < self.limit:
             self._space = None
             if not space.done():
                 space.set_result(None)

@@ -382,9 +382,10 @@ async def _closed_loop(run: _Run, client: AsyncWaltzClient, pid: int, workers: i
     free: Inbox[int] = Inbox(workers + 1)  # never full: a worker is in it or has a transaction in flight
     for worker in range(workers):
         free.put(worker)
+    waiting = free.items
     while not run.stopping:
         await free.wait()
-        while free and not run.stopping:
+        while waiting and not run.stopping:
             worker = free.popleft()
             lock = own[worker] if own is not None else _pool_lock(run, rng)
             await client.submit(_PerfTransaction(run, pid, lock, free, worker=worker))

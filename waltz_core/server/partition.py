@@ -290,11 +290,12 @@ class Partition:
 
     async def _append_loop(self) -> None:
         inbox = self._inbox
+        queued = inbox.items  # tested without a call, once per item
         while True:
             try:
                 if self._blocked and self._retried != self._commits:
                     self._retry_blocked()
-                if not inbox:
+                if not queued:
                     self._append_idle = not self._blocked
                     try:
                         await inbox.wait()  # returns on an arrival, or on a commit while appends are blocked
@@ -325,8 +326,12 @@ class Partition:
             return self._append_plain(req, link)
         if not self.store.writable:
             return False
-        if not self._is_current(req.req_id, link):
-            return True  # stale connection or generation: ignored, as the original does
+        q = req.req_id  # _is_current inlined: once per append with locks
+        if q.generation != self.generation:
+            return True  # stale generation: ignored, as the original does
+        slot = self._clients.get(q.client_id)
+        if slot is None or slot.link is not link:
+            return True  # stale connection: ignored, as the original does
         request = LockRequest.from_append(req)
         if self.locks.begin(request) is not Begin.OK:  # type: ignore[union-attr]
             if not self._pending:
