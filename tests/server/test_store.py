@@ -463,9 +463,38 @@ async def test_recovery_waits_while_the_previous_sessions_majority_cannot_be_hea
     task = asyncio.ensure_future(recovery.run())
     await asyncio.sleep(0.3)
     assert not task.done(), "decided without a majority of session 0's replicas"
+    # What the server's /readyz says: the vote, and the previous session's replicas it waits for.
+    assert recovery.waiting is not None and recovery.waiting.startswith("undecidable")
+    assert recovery.waiting.endswith("replicas of the previous session not heard: s1:1, no longer assigned; s2:1)")
     replicas["s2:1"].down = False
     result = await asyncio.wait_for(task, 5)
     assert result.high_water_mark == 29
+    assert recovery.waiting is None
+
+
+async def test_a_store_whose_recovery_waits_says_for_whom_and_the_servers_readyz_gives_it() -> None:
+    from types import SimpleNamespace
+
+    from waltz_core.server.server import _not_ready
+
+    replicas, _meta, store, sink = make()
+    replicas["s2:1"].down = replicas["s3:1"].down = True
+    opening = asyncio.ensure_future(store.open(sink))
+    await wait_for(lambda: store.recovery_waiting is not None)
+    waiting = store.recovery_waiting
+    assert waiting is not None and waiting.startswith("undecidable")
+    assert waiting.endswith("(replicas of the previous session not heard: s2:1; s3:1)")
+    partition = SimpleNamespace(ready=False, healthy=False, store=store)
+    assert _not_ready(partition, {"s1:1"}) == f"is recovering (not open yet): {waiting}"  # type: ignore[arg-type]
+    partition.ready = True  # a later session's recovery (the partition was open before)
+    assert _not_ready(partition, {"s1:1"}) == (  # type: ignore[arg-type]
+        f"has no store session: the recovery of a new one waits: {waiting}")
+    replicas["s2:1"].down = False
+    await asyncio.wait_for(opening, 5)
+    assert store.recovery_waiting is None
+    partition.healthy = True
+    assert _not_ready(partition, set(EPS)) is None  # type: ignore[arg-type]
+    await store.close()
 
 
 async def test_a_replica_taken_out_and_back_before_a_session_went_on_without_it_still_votes() -> None:

@@ -105,6 +105,9 @@ class Recovery:
         #: who votes: the replicas of the previous session (the ones assigned now if not recorded)
         self.voters = frozenset(previous or assigned)
         self.last_vote: VoteResult | None = None
+        #: while the vote cannot decide: why, and which voters were not heard (the server's
+        #: /readyz gives it); None otherwise
+        self.waiting: str | None = None
 
     async def run(self) -> RecoveryResult:
         replicas = {ep: _Replica(ep, None) for ep in self.assigned}
@@ -119,6 +122,7 @@ class Recovery:
             await self._prepare_reachable(replicas)
             result = self._evaluate(replicas)
             self.last_vote = result
+            self.waiting = None if result.decided else f"{result.reason} ({self._unheard(replicas)})"
             if not result.decided:
                 if await self._catch_up_towards_decision(replicas):
                     continue  # something changed: re-evaluate at once
@@ -178,6 +182,13 @@ class Recovery:
             if self._on_replica_error is not None:
                 self._on_replica_error(r.endpoint, r.api, exc)
             r.api = None
+
+    def _unheard(self, replicas: dict[str, _Replica]) -> str:
+        """The voters that did not answer, for an operator: a vote that waits needs one of them."""
+        heard = {r.endpoint for r in replicas.values() if r.prepared}
+        unheard = [ep if ep in replicas else f"{ep}, no longer assigned" for ep in sorted(self.voters - heard)]
+        return ("replicas of the previous session not heard: " + "; ".join(unheard)) if unheard else \
+            "every replica of the previous session answered"
 
     def _evaluate(self, replicas: dict[str, _Replica]) -> VoteResult:
         # A replica of the previous session that is no longer assigned is never asked: offline.

@@ -346,11 +346,14 @@ class WaltzServer:
 def _not_ready(p: Partition, reachable: set[str]) -> str | None:
     """Why partition ``p`` cannot commit appends now (``reachable``: the storage endpoints the
     server is connected to), or None."""
-    if not p.ready:
-        return "is recovering (not open yet)"
-    if not p.healthy:
-        return "has no store session (a new one is starting)"
     store = p.store
+    waiting = store.recovery_waiting if isinstance(store, ReplicatedStore) else None
+    if not p.ready:
+        return f"is recovering (not open yet): {waiting}" if waiting else "is recovering (not open yet)"
+    if not p.healthy:
+        if waiting:
+            return f"has no store session: the recovery of a new one waits: {waiting}"
+        return "has no store session (a new one is starting)"
     assert isinstance(store, ReplicatedStore) and store.session is not None  # built by _open_partition; healthy
     session = store.session
     up = len(reachable.intersection(session.assigned))

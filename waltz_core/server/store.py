@@ -494,6 +494,7 @@ class ReplicatedStore:
         self.config = config
         self.high_water_mark = -1
         self.session: StoreSession | None = None
+        self.recovery: Recovery | None = None  #: the recovery of the session being started, while it runs
         self._sink: StoreSink | None = None
         #: set (and dropped) at every change of session or commit; made only while someone waits:
         #: commits come once per batch and partition, waiters rarely
@@ -648,7 +649,11 @@ class ReplicatedStore:
         recovery = Recovery(pid, session_id, assigned, start.states, self._connect_replica,
                             self.config.initial_retry_interval, min(self.config.max_retry_interval, 2.0),
                             on_replica_error=self._recovery_error, previous=start.previous_replicas)
-        result = await recovery.run()
+        self.recovery = recovery
+        try:
+            result = await recovery.run()
+        finally:
+            self.recovery = None
         # From here this session may commit, on a majority of its replicas: the next recovery votes among them.
         await self.metadata.write_states(pid, self.generation, session_id, result.replica_states, replica_set=assigned)
         session = StoreSession(self, session_id, result.high_water_mark, assigned)
@@ -722,6 +727,13 @@ class ReplicatedStore:
         if session is None or session.broken:
             raise PartitionNotReadyError(f"partition {self.partition_id}: no store session")
         return session.append(req_id, header, data, checksum)
+
+    @property
+    def recovery_waiting(self) -> str | None:
+        """Why the recovery under way cannot decide yet (its vote, and the replicas of the previous
+        session it did not hear), None when no recovery waits."""
+        recovery = self.recovery
+        return recovery.waiting if recovery is not None else None
 
     def append_if_writable(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int | None:
         """:meth:`append` when :attr:`writable`, else None: the partition's no-await path, once
