@@ -389,13 +389,16 @@ class EtcdBackend:
                 if time.monotonic() - last_ok < 2 * self.ttl:
                     continue
                 # Unreachable for two TTLs: the lease cannot be alive any more.
-                expired = True
+                why = f"etcd unreachable for {2 * self.ttl} s"
             else:
-                expired = not replies or replies[-1].TTL <= 0
-                if not expired:
+                if replies and replies[-1].TTL > 0:
                     last_ok = time.monotonic()
                     self._set_state(SessionState.CONNECTED)
                     continue
+                why = (f"the keep-alive answered TTL {replies[-1].TTL}" if replies
+                       else "the keep-alive stream ended without an answer")
+            # A lost session makes a server give up its partitions: worth a line at WARNING, with why.
+            log.warning("etcd: lease %x of this session is gone (%s); granting a new one", lease_id or 0, why)
             self._set_state(SessionState.LOST)
             for delay in _REARM_RETRY.delays():
                 if self._closed:

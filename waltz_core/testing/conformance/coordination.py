@@ -696,7 +696,8 @@ async def leader_kill_scenario(config: CoordinationConfig, ensemble: ServerEnsem
         assert final.generation == committed[-1]
         moved = set(got_b[-1].partitions)
         assert all(got_b[-1].partitions[p] == got_a[0].partitions[p] + 1 for p in moved)
-        assert writer.session_state is SessionState.CONNECTED and SessionState.LOST not in states
+        assert SessionState.LOST not in states, f"the writer's session was lost: states {states} (see its log)"
+        assert writer.session_state is SessionState.CONNECTED, f"the writer's session ends {writer.session_state}"
         return recovery
     finally:
         stop.set()
