@@ -75,6 +75,16 @@ class RecoveryFailed(WaltzError):
     retriable = True
 
 
+class _CopyFailed(RecoveryFailed):
+    """A catch-up copy failed, and on which side: the source's read or the target's append (a
+    RecoveryFailed with the cause's message, where the side does not matter)."""
+
+    def __init__(self, replica: _Replica, cause: WaltzError) -> None:
+        super().__init__(str(cause))
+        self.replica = replica
+        self.cause = cause
+
+
 class Recovery:
     """One run of the recovery procedure for one partition and one new session."""
 
@@ -229,10 +239,16 @@ class Recovery:
                 try:
                     r.mark = await self._copy(source, r, source.mark)
                     moved = True
-                except WaltzError as exc:
-                    log.warning("partition %d: catch-up of %s failed: %s", self.partition_id, r.endpoint, exc)
-                    r.prepared, r.api = False, None
-                    return True
+                except _CopyFailed as failed:
+                    # The side that failed is prepared (connected) again in the next round, after
+                    # the round's pause: re-trying at once over the same dead connection spun.
+                    bad = failed.replica
+                    log.warning("partition %d: catch-up of %s from %s failed at %s: %s", self.partition_id,
+                                r.endpoint, source.endpoint, bad.endpoint, failed.cause)
+                    if self._on_replica_error is not None and bad.api is not None:
+                        self._on_replica_error(bad.endpoint, bad.api, failed.cause)
+                    bad.prepared, bad.api = False, None
+                    return moved
         return moved
 
     async def _copy(self, source: _Replica, target: _Replica, upto: int) -> int:
@@ -241,11 +257,17 @@ class Recovery:
         sid, pid = self.session_id, self.partition_id
         mark = target.mark
         while mark < upto:
-            records = await source.api.record_list(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
-            if not records:
-                raise RecoveryFailed(f"replica {source.endpoint} returned no records after {mark}")
+            try:
+                records = await source.api.record_list(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
+                if not records:
+                    raise RecoveryFailed(f"replica {source.endpoint} returned no records after {mark}")
+            except WaltzError as exc:
+                raise _CopyFailed(source, exc) from exc
             batch = RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
-            await target.api.append(sid, pid, batch)
+            try:
+                await target.api.append(sid, pid, batch)
+            except WaltzError as exc:
+                raise _CopyFailed(target, exc) from exc
             mark = batch.last_transaction_id
         return mark
 
