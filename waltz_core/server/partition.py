@@ -228,7 +228,7 @@ class Partition:
             # per transaction (docs/performance.md, "Many partitions, and what is left").
             if self._append_idle and not self._blocked and not (msg.write_locks or msg.read_locks or msg.append_locks):
                 try:
-                    if self._append_plain(msg, link):
+                    if self._append_now(msg, link):
                         return None
                 except WaltzError as exc:  # as the task does: logged, and the reader goes on
                     log.warning("partition %d: %s", self.partition_id, exc)
@@ -269,25 +269,6 @@ class Partition:
 
     # ---------------------------------------------------------------------------- append task
 
-    def _append_plain(self, req: m.AppendRequest, link: ClientLink) -> bool:
-        """An append without locks decided without awaiting (:meth:`offer`'s path): handed to
-        the store if it is writable, ignored if stale. False when the task must handle it;
-        nothing was changed then. :meth:`_append_now` and :meth:`_decide` in one call, for the
-        append most transactions are."""
-        q = req.req_id  # _is_current inlined: once per transaction
-        if q.generation != self.generation:
-            return True  # stale generation: ignored, as the original does
-        slot = self._clients.get(q.client_id)
-        if slot is None or slot.link is not link:
-            return True  # stale connection: ignored, as the original does
-        header, data, checksum = req.header, req.data, req.checksum
-        txn = self.store.append_if_writable(q, header, data, checksum)
-        if txn is None:
-            return False
-        self._pending.append((txn, q, header, data, checksum, NO_LOCKS, _monotonic()))
-        self.appends += 1
-        return True
-
     async def _append_loop(self) -> None:
         inbox = self._inbox
         queued = inbox.items  # tested without a call, once per item
@@ -320,18 +301,26 @@ class Partition:
 
     def _append_now(self, req: m.AppendRequest, link: ClientLink) -> bool:
         """An append decided without awaiting: the store is writable and the append's locks, if
-        any, do not collide with an append in flight (the usual case). False when :meth:`_append`
-        must handle it; nothing was changed then."""
-        if not (req.write_locks or req.read_locks or req.append_locks):
-            return self._append_plain(req, link)
-        if not self.store.writable:
-            return False
-        q = req.req_id  # _is_current inlined: once per append with locks
+        any, do not collide with an append in flight (the usual case); a stale one is ignored.
+        False when :meth:`_append` must handle it; nothing was changed then. An append without
+        locks (most transactions, and every one :meth:`offer` decides) is handed to the store in
+        this call, without :meth:`_decide`."""
+        q = req.req_id  # _is_current inlined: once per append
         if q.generation != self.generation:
             return True  # stale generation: ignored, as the original does
         slot = self._clients.get(q.client_id)
         if slot is None or slot.link is not link:
             return True  # stale connection: ignored, as the original does
+        if not (req.write_locks or req.read_locks or req.append_locks):
+            header, data, checksum = req.header, req.data, req.checksum
+            txn = self.store.append_if_writable(q, header, data, checksum)
+            if txn is None:
+                return False
+            self._pending.append((txn, q, header, data, checksum, NO_LOCKS, _monotonic()))
+            self.appends += 1
+            return True
+        if not self.store.writable:
+            return False
         request = LockRequest.from_append(req)
         if self.locks.begin(request) is not Begin.OK:  # type: ignore[union-attr]
             if not self._pending:

@@ -261,9 +261,9 @@ class Recovery:
                 records = await source.api.record_list(sid, pid, mark + 1, min(CATCH_UP_BATCH, upto - mark))
                 if not records:
                     raise RecoveryFailed(f"replica {source.endpoint} returned no records after {mark}")
+                batch = RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
             except WaltzError as exc:
                 raise _CopyFailed(source, exc) from exc
-            batch = RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
             try:
                 await target.api.append(sid, pid, batch)
             except WaltzError as exc:

@@ -735,9 +735,18 @@ class ReplicatedStore:
         recovery = self.recovery
         return recovery.waiting if recovery is not None else None
 
+    def _session_with_room(self) -> StoreSession | None:
+        """The session, if it takes appends now: open, not broken or rolling over, and fewer than
+        the window of appends in flight."""
+        s = self.session
+        if (self._closed or s is None or s.broken or s.rolling_over
+                or s.last_assigned - s.committed >= self._window):
+            return None
+        return s
+
     def append_if_writable(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> int | None:
         """:meth:`append` when :attr:`writable`, else None: the partition's no-await path, once
-        per transaction (the two properties and the second check inline)."""
+        per transaction (:meth:`_session_with_room`'s test inline, a call less)."""
         s = self.session
         if (self._closed or s is None or s.broken or s.rolling_over
                 or s.last_assigned - s.committed >= self._window):
@@ -746,15 +755,12 @@ class ReplicatedStore:
 
     @property
     def writable(self) -> bool:
-        """True when :meth:`wait_writable` would return at once (the partition's no-await path)."""
-        s = self.session
-        return (not self._closed and s is not None and not s.broken and not s.rolling_over
-                and s.last_assigned - s.committed < self._window)
+        """True when :meth:`wait_writable` would return at once."""
+        return self._session_with_room() is not None
 
     async def wait_writable(self) -> None:
         while not self._closed:
-            s = self.session
-            if s is not None and not s.broken and not s.rolling_over and s.last_assigned - s.committed < self._window:
+            if self._session_with_room() is not None:
                 return
             await self._next_change().wait()
         raise PartitionNotReadyError(f"partition {self.partition_id} is closed")
