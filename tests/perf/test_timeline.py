@@ -203,10 +203,15 @@ def test_recorder_captures_gc_loop_stalls_and_fdatasync(tmp_path: Path) -> None:
     finally:
         loop.close()
     big = [(ran - due, cpu, wait) for due, ran, cpu, wait, _ in rec.stalls if ran - due > 0.02]
-    assert len(big) == 2, rec.stalls
-    (late1, cpu1, _), (late2, cpu2, _) = big
-    assert late1 >= 0.025 and cpu1 < 0.01  # the sleep: little CPU
-    assert late2 >= 0.025 and cpu2 >= 0.025  # the busy loop: its CPU
+    # the sleep: late, off CPU and not waiting for one; the busy loop: its CPU
+    slept = [s for s in big if s[0] - s[2] >= 0.025 and s[1] < 0.01]
+    busy = [s for s in big if s[0] >= 0.025 and s[1] >= 0.025]
+    assert len(slept) == 1 and len(busy) == 1, rec.stalls
+    # on a loaded host the thread may also wait for a CPU: such a stall is told apart by its
+    # run-queue wait, which must then account for it
+    for late, cpu, wait in big:
+        if (late, cpu, wait) not in slept + busy:
+            assert late - cpu - wait < 0.02, rec.stalls
 
     fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
     try:
