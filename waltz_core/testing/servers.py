@@ -348,15 +348,18 @@ class EtcdServer(_ServerGroup):
 
     Heartbeat 50 ms, election timeout 500 ms, zap logger at ``warn``. Node numbers are 0-based
     (member names ``n1..nN``). A restarted node reuses its data directory and rejoins.
+    ``extra_args`` go to every member's command line (``["--auth-token-ttl", "2"]``).
     """
 
     kind = "etcd"
 
     def __init__(self, nodes: int = 1, *, workdir: str | os.PathLike[str] | None = None,
                  start_timeout: float = 30.0, log_level: str = "warn", hosts: Sequence[str] | None = None,
-                 on_host: Callable[[int, list[str]], list[str]] | None = None) -> None:
+                 on_host: Callable[[int, list[str]], list[str]] | None = None,
+                 extra_args: Sequence[str] = ()) -> None:
         super().__init__(nodes, workdir, start_timeout, hosts, on_host)
         self.log_level = log_level
+        self.extra_args = list(extra_args)
         ports = free_ports(nodes * 2)
         self.client_ports = ports[:nodes]
         self.peer_ports = ports[nodes:]
@@ -378,7 +381,7 @@ class EtcdServer(_ServerGroup):
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", self._token,
             "--heartbeat-interval", "50", "--election-timeout", "500",
-            "--logger", "zap", "--log-level", self.log_level,
+            "--logger", "zap", "--log-level", self.log_level, *self.extra_args,
         ]
 
     def _http(self, node: int, path: str, body: dict[str, object] | None = None, timeout: float = 1.0) -> object:

@@ -138,17 +138,35 @@ async def test_a_watch_set_before_any_read_gets_a_change_made_while_its_stream_i
         await b.close()
 
 
+def _etcdctl(server: EtcdServer, *args: str, input_text: str | None = None) -> None:
+    env = {**os.environ, "ETCDCTL_API": "3", "NO_PROXY": "127.0.0.1"}
+    subprocess.run(["etcdctl", f"--endpoints={server.endpoints}", *args], check=True, capture_output=True,
+                   timeout=10, env=env, input=input_text, text=True)
+
+
+def _start_with_auth(*extra_args: str) -> EtcdServer:
+    """One etcd with auth on: user ``waltz:secret`` with the root role."""
+    require(etcd_available() and os.path.exists("/usr/bin/etcdctl"), "etcd and etcdctl (apt etcd-server etcd-client)")
+    server = EtcdServer(nodes=1, extra_args=extra_args).start()
+    try:
+        for args in (["user", "add", "root:rootpw"], ["user", "add", "waltz:secret"],
+                     ["user", "grant-role", "waltz", "root"], ["auth", "enable"]):
+            _etcdctl(server, *args)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 @pytest.fixture(scope="module")
 def etcd_with_auth() -> EtcdServer:
-    require(etcd_available() and os.path.exists("/usr/bin/etcdctl"), "etcd and etcdctl (apt etcd-server etcd-client)")
-    server = EtcdServer(nodes=1).start()
-    env = {**os.environ, "ETCDCTL_API": "3", "NO_PROXY": "127.0.0.1"}
-    for args in (["user", "add", "root:rootpw"], ["user", "add", "waltz:secret"], ["user", "grant-role", "waltz", "root"],
-                 ["auth", "enable"]):
-        subprocess.run(["etcdctl", f"--endpoints={server.endpoints}", *args], check=True, capture_output=True,
-                       timeout=10, env=env)
+    server = _start_with_auth()
     yield server
     server.stop()
+
+
+def _authenticated(server: EtcdServer) -> EtcdBackend:
+    return EtcdBackend(server.endpoints, session_timeout=3.0, options=EtcdOptions(user="waltz", password="secret"))
 
 
 @pytest.mark.integration
@@ -173,3 +191,87 @@ async def test_user_password_auth(etcd_with_auth: EtcdServer) -> None:
     with pytest.raises(CoordinationError, match="cannot connect"):
         await wrong.start()
     await wrong.close()
+
+
+@pytest.mark.integration
+async def test_a_restarted_member_forgets_the_token_and_the_backend_fetches_a_new_one() -> None:
+    """etcd keeps simple tokens in memory: after a restart every request with the old token is
+    refused, and a watch made again on a stream that carries it is refused too."""
+    server = _start_with_auth()
+    backend = _authenticated(server)
+    writer: EtcdBackend | None = None
+    try:
+        await backend.start()
+        await backend.create("/waltz-token/k", b"v")
+        calls: list[int] = []
+        backend.watch("/waltz-token/k", lambda: calls.append(1))
+        await asyncio.sleep(0.5)  # the watch is made on the first stream
+        refused_before = backend.client.metadata
+        server.stop_node(0)
+        server.start_node(0)
+        await asyncio.to_thread(server._wait_ready, [0])  # the fixture's own wait for the member
+        got = await backend.get("/waltz-token/k")
+        assert got is not None and got.value == b"v"
+        assert backend.client.metadata != refused_before  # a new token, not the refused one
+        writer = _authenticated(server)
+        await writer.start()
+        await eventually(lambda: bool(calls), 10, "the watch, made again after the restart, fires once")
+        seen = len(calls)
+        await writer.set("/waltz-token/k", b"w", expected_version=got.version)
+        await eventually(lambda: len(calls) > seen, 10, "a change after the restart reaches the watch")
+    finally:
+        if writer is not None:
+            await writer.close()
+        await backend.close()
+        server.stop()
+
+
+@pytest.mark.integration
+async def test_a_token_unused_for_its_ttl_is_renewed() -> None:
+    """--auth-token-ttl (300 s by default): a process quiet for longer must not be locked out."""
+    server = _start_with_auth("--auth-token-ttl", "1")
+    backend = _authenticated(server)
+    try:
+        await backend.start()
+        await backend.create("/waltz-ttl/k", b"v")
+        stale = backend.client.metadata
+        await asyncio.sleep(2.5)  # etcd sweeps expired tokens every second
+        assert await backend.create("/waltz-ttl/k2", b"v") > 0
+        assert backend.client.metadata != stale
+    finally:
+        await backend.close()
+        server.stop()
+
+
+@pytest.mark.integration
+async def test_a_changed_password_is_one_clear_error(etcd_with_auth: EtcdServer) -> None:
+    """etcd drops a user's tokens when its password changes: the new token cannot be had with
+    the configured password, and the request says so instead of "invalid auth token"."""
+    _etcdctl(etcd_with_auth, "--user", "root:rootpw", "user", "add", "rotating:first")
+    _etcdctl(etcd_with_auth, "--user", "root:rootpw", "user", "grant-role", "rotating", "root")
+    backend = EtcdBackend(etcd_with_auth.endpoints, session_timeout=3.0,
+                          options=EtcdOptions(user="rotating", password="first"))
+    try:
+        await backend.start()
+        await backend.create("/waltz-rotated/k", b"v")
+        _etcdctl(etcd_with_auth, "--user", "root:rootpw", "user", "passwd", "rotating", "--interactive=false",
+                 input_text="second\n")
+        with pytest.raises(CoordinationError, match=r"authenticate: etcd refused: .*authentication failed"):
+            await backend.get("/waltz-rotated/k")
+    finally:
+        await backend.close()
+        _etcdctl(etcd_with_auth, "--user", "root:rootpw", "del", "--prefix", "/waltz-rotated")
+
+
+@pytest.mark.integration
+async def test_a_refused_watch_is_an_error_not_a_silent_one(etcd_with_auth: EtcdServer) -> None:
+    """etcd answers a watch it will not serve "created and canceled"; that must not pass for created."""
+    from waltz_coord_etcd.client import WatchRefusedError
+
+    anonymous = EtcdBackend(etcd_with_auth.endpoints, session_timeout=3.0)
+    await anonymous.start()
+    try:
+        with pytest.raises(WatchRefusedError, match=r"permission denied|invalid auth token|user name is empty"):
+            await asyncio.to_thread(anonymous.client.add_watch_callback, "/waltz-refused/k", lambda _: None)
+    finally:
+        await anonymous.close()

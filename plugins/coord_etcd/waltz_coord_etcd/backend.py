@@ -19,7 +19,10 @@ Mapping of the protocol onto etcd:
   made after any of its earlier reads are replayed, never missed. A broken watch stream is re-armed
   from the last delivered revision + 1 and fires once;
 * several ``host:port`` in ``connect`` use ``MultiEndpointEtcd3Client(failover=True)``: a failed
-  endpoint is skipped for ``endpoint_retry`` seconds and the request is retried on another.
+  endpoint is skipped for ``endpoint_retry`` seconds and the request is retried on another;
+* with a user and password, a request refused for its token (a restarted member, a token unused
+  for ``--auth-token-ttl``) fetches a new token and is sent again, and the watches move to a
+  stream that carries it (:mod:`.client`).
 
 Threading: pyetcd is blocking (grpc). Every RPC runs on this backend's own small thread pool via
 ``loop.run_in_executor``; watch responses arrive on pyetcd's watch thread and are handed to the
@@ -52,6 +55,7 @@ from waltz_core.errors import (
 )
 from waltz_core.retry import RetryPolicy
 
+from .client import Client, WatchRefusedError, is_token_refusal
 from .options import EtcdOptions
 
 log = logging.getLogger("waltz.coordination.etcd")
@@ -63,6 +67,9 @@ _TRANSIENT = (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError, e
 #: processes that lost the cluster together do not come back in lock step.
 _REARM_RETRY = RetryPolicy(initial=0.2, maximum=0.2)
 _SEQ_PREFIX = "seq:"
+#: A watch refused within this many seconds of authenticating is refused for a missing right, not
+#: for a stale token: no new token is fetched for it (each costs the server a bcrypt check).
+_TOKEN_FRESH = 5.0
 
 
 def parse_endpoints(connect: str) -> list[tuple[str, int]]:
@@ -194,7 +201,7 @@ class EtcdBackend:
         self._rpc_retry = RetryPolicy(initial=0.1, maximum=0.1, deadline=session_timeout)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._client: pyetcd.MultiEndpointEtcd3Client | None = None
+        self._client: Client | None = None
         self._lease_id: int | None = None
         self._revision = 0
         self._state = SessionState.SUSPENDED
@@ -203,9 +210,11 @@ class EtcdBackend:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._keepalive: asyncio.Task[None] | None = None
         self._closed = False
+        self._auth_lock = asyncio.Lock()
+        self._authenticated_at = 0.0  # time.monotonic() of the newest token
 
     # ------------------------------------------------------------------------------- lifecycle
-    def _make_client(self) -> pyetcd.MultiEndpointEtcd3Client:
+    def _make_client(self) -> Client:
         """Build the grpc client (blocking: authenticates when a user is configured)."""
         opts = [
             ("grpc.enable_http_proxy", 0),  # loopback and cluster links never go through a proxy
@@ -219,12 +228,13 @@ class EtcdBackend:
         ]
         endpoints = [pyetcd.Endpoint(host=h, port=p, secure=False, time_retry=self.options.endpoint_retry, opts=opts)
                      for h, p in self.endpoints]
-        client = pyetcd.MultiEndpointEtcd3Client(
+        client = Client(
             endpoints=endpoints, timeout=self.options.request_timeout, failover=True,
             user=self.options.user or None, password=self.options.password or None)
         # grpc refuses call credentials on plaintext channels ("does not have a sufficient security
         # level"); the auth token travels as plain metadata instead, which pyetcd also sets.
         client.call_credentials = None
+        self._authenticated_at = time.monotonic()
         return client
 
     async def start(self) -> None:
@@ -283,7 +293,7 @@ class EtcdBackend:
         return self._lease_id
 
     @property
-    def client(self) -> pyetcd.MultiEndpointEtcd3Client:
+    def client(self) -> Client:
         """The pyetcd client (for tools and tests); CoordinationError when not started."""
         if self._client is None:
             raise CoordinationError("etcd: backend not started or already closed")
@@ -316,20 +326,24 @@ class EtcdBackend:
         if header is not None and header.revision > self._revision:
             self._revision = header.revision
 
-    async def _rpc(self, what: str, call: Callable[[pyetcd.MultiEndpointEtcd3Client], Any], *,
-                   retry: bool = True, attempts: list[int] | None = None) -> Any:
+    async def _rpc(self, what: str, call: Callable[[Client], Any], *,
+                   retry: bool = True, attempts: list[int] | None = None, renew_token: bool = True) -> Any:
         """Run ``call(client)`` in the pool, retrying transient failures for up to session_timeout.
 
         ``attempts`` (if given) receives one entry per failed attempt, so a write can tell that
-        an earlier attempt may have been applied although its reply was lost.
+        an earlier attempt may have been applied although its reply was lost. A request refused
+        for its token is sent again once with a new one (``renew_token``, with a user configured);
+        such a refusal means it was not applied.
         """
         # _TRANSIENT are pyetcd's own exceptions: the retry decision stays with that list (the
         # Waltz flags only exist once they are translated, below)
         delays = self._rpc_retry.delays() if retry else iter(())
+        renew_token = renew_token and bool(self.options.user)
         while True:
             client = self.client
+            token = client.metadata
 
-            def run(client: pyetcd.MultiEndpointEtcd3Client = client) -> Any:
+            def run(client: Client = client) -> Any:
                 try:
                     return call(client)
                 except grpc.RpcError as exc:  # calls that bypass pyetcd's own error mapping
@@ -346,11 +360,29 @@ class EtcdBackend:
                 await asyncio.sleep(delay)
             except grpc.RpcError as exc:
                 details = exc.details() or ""
+                if renew_token and is_token_refusal(details):
+                    renew_token = False
+                    await self._renew_token(token, f"{what}: {details}")
+                    continue
                 if exc.code() == grpc.StatusCode.NOT_FOUND and "lease" in details:
                     raise SessionLostError(f"{what}: etcd lease expired ({details})") from exc
                 raise CoordinationError(f"{what}: etcd refused: {exc.code().name}: {details}") from exc
             except etcd_exc.Etcd3Exception as exc:
                 raise CoordinationError(f"{what}: etcd: {type(exc).__name__}: {exc}") from exc
+
+    async def _renew_token(self, refused: Any, why: str) -> None:
+        """Authenticate again unless another caller already replaced the ``refused`` token.
+
+        Then every watch moves to a new stream: a stream carries the token it was opened with.
+        """
+        async with self._auth_lock:
+            if self.client.metadata != refused:
+                return
+            log.info("etcd: the auth token was refused (%s); authenticating again", why)
+            user, password = self.options.user, self.options.password
+            await self._rpc("authenticate", lambda c: c.authenticate(user, password), renew_token=False)
+            self._authenticated_at = time.monotonic()
+        await self._renew_watches()
 
     async def _txn(self, what: str, compare: list[Any], success: list[Any], failure: list[Any],
                    attempts: list[int] | None = None) -> Any:
@@ -569,19 +601,37 @@ class EtcdBackend:
         try:
             prefix_end = _prefix_end(_b(handle.key.rstrip("/") + "/"))
             delays = _REARM_RETRY.delays()
+            refused_logged = False
             while not handle.cancelled and not self._closed:
                 start = handle.revision + 1 if handle.revision > 0 else None
                 client = self.client
                 generation = handle.generation
                 respond = handle.responder(generation)
 
-                def create(client: pyetcd.MultiEndpointEtcd3Client = client, start: int | None = start,
+                def create(client: Client = client, start: int | None = start,
                            respond: Callable[[Any], None] = respond) -> int:
                     return int(client.add_watch_callback(handle.key, respond, range_end=prefix_end,
                                                          start_revision=start))
 
+                token = client.metadata
                 try:
                     watch_id = await self._in_pool(create)
+                except WatchRefusedError as exc:
+                    # etcd 3.4 says "invalid auth token" for a token it forgot, but "permission
+                    # denied" for one issued before the auth store changed, as for a missing
+                    # right: then a new token is tried unless the current one is fresh.
+                    if self.options.user and (is_token_refusal(exc.reason) or
+                                              time.monotonic() - self._authenticated_at > _TOKEN_FRESH):
+                        try:
+                            await self._renew_token(token, f"watch on {handle.key}: {exc.reason}")
+                        except CoordinationError as auth_exc:
+                            log.warning("etcd: watch on %s refused (%s), and %s", handle.key, exc.reason, auth_exc)
+                    elif not refused_logged:
+                        log.warning("etcd: watch on %s refused (%s); trying again", handle.key, exc.reason)
+                        refused_logged = True
+                    fire_after = True
+                    await asyncio.sleep(next(delays))
+                    continue
                 except etcd_exc.RevisionCompactedError:
                     handle.revision = 0  # history gone: watch from now; the delivery below covers the gap
                     fire_after = True
@@ -606,7 +656,7 @@ class EtcdBackend:
         if fire_after:
             self._deliver_soon(handle)
 
-    def _fail_endpoint(self, client: pyetcd.MultiEndpointEtcd3Client) -> None:
+    def _fail_endpoint(self, client: Client) -> None:
         # A watch stream failure does not go through pyetcd's failover bookkeeping: do it here so
         # the next attempt uses another endpoint.
         if len(self.endpoints) > 1:
