@@ -36,7 +36,8 @@
         ├── ClientClosedError                701  no         the client was closed
         ├── ClientTimeoutError               702  yes        an operation did not finish in time
         ├── ClientAheadError                 703  no         client high-water mark is above the server's
-        └── TransactionExpiredError          704  no         a transaction context's deadline/retries ran out
+        ├── TransactionExpiredError          704  no         a transaction context's deadline/retries ran out
+        └── TransactionTooLargeError         705  no         an append would not fit in one frame
 
 Policy flags
     ``retriable`` says whether the same request may succeed if sent again (possibly elsewhere);
@@ -75,7 +76,7 @@ __all__ = [
     "HandshakeError", "MetadataEditError", "NoNodeError", "NodeExistsError", "OutOfOrderAppendError",
     "PartitionNotFoundError", "PartitionNotReadyError", "PeerTimeoutError", "PluginError", "ProtocolError",
     "RequestTimeoutError", "ServerError", "SessionLostError", "StaleSessionError", "StorageCorruptionError",
-    "StorageError", "TransactionExpiredError", "TransportError", "WaltzError", "error_from_wire", "wire_code",
+    "StorageError", "TransactionExpiredError", "TransactionTooLargeError", "TransportError", "WaltzError", "error_from_wire", "wire_code",
 ]
 
 _E = TypeVar("_E", bound="type[WaltzError]")
@@ -304,6 +305,11 @@ class ClientAheadError(ClientError):
 @_code(704)
 class TransactionExpiredError(ClientError):
     """A transaction context ran past its deadline or retry limit."""
+
+
+@_code(705)
+class TransactionTooLargeError(ClientError):
+    """A transaction's append (data, header and locks) is larger than ``transport.max_frame_size``."""
 
 
 # ------------------------------------------------------------------------------ wire translation

@@ -7,7 +7,15 @@ import threading
 
 import pytest
 
-from waltz_core.client import AsyncWaltzClient, WaltzClient
+from waltz_core.client import (
+    AsyncWaltzClient,
+    PartitionLocalLock,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+)
+from waltz_core.errors import TransactionTooLargeError
+from waltz_core.protocol.client import APPEND_LOCK_SIZE, TRANSACTION_FRAME_HEADROOM
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.testing.conformance.coordination import eventually
 
@@ -155,3 +163,62 @@ async def test_a_slow_application_holds_the_feed_back_without_losing_or_reorderi
             await asyncio.sleep(0.05)
     assert seen == list(range(60))
     assert longest <= partition.FEED_QUEUE
+
+
+class RawAppend(TransactionContext):
+    """``size`` bytes of data on partition 0, with ``locks`` write locks."""
+
+    def __init__(self, size: int, locks: int = 0) -> None:
+        super().__init__()
+        self.data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        self.locks = [PartitionLocalLock(f"k{i}", 0) for i in range(locks)]
+        self.events: list[object] = []
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder) -> bool:
+        builder.set_transaction_data(self.data)
+        builder.set_write_locks(self.locks)
+        return True
+
+    def on_completion(self, result: bool) -> None:
+        self.events.append(("completion", result))
+
+    def on_exception(self, exc: BaseException) -> None:
+        self.events.append(exc)
+
+
+class DataApp(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.data: dict[int, bytes] = {}
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        return max(self.data, default=-1) if partition_id == 0 else -1
+
+    async def apply_transaction(self, txn) -> None:
+        self.data[txn.transaction_id] = await txn.fetch_data()
+
+
+async def test_the_largest_transaction_commits_and_one_byte_more_is_refused_at_submit(tmp_path) -> None:
+    """One append over the frame limit used to stop the client's writer (every later append on the
+    link was dropped, silently); one just under it, within the storage append's overhead, was
+    refused by every replica link at every recovery (the partition never committed again)."""
+    max_frame = 8192
+    spec = ClusterSpec(tmp_path / "cluster", num_partitions=1, max_frame_size=max_frame)
+    async with InProcessCluster(spec):
+        app = DataApp()
+        async with AsyncWaltzClient(app, spec.client_config()) as client:
+            largest = max_frame - TRANSACTION_FRAME_HEADROOM
+            fits = RawAppend(largest)
+            await client.submit(fits)
+            too_large = RawAppend(largest - 3 * APPEND_LOCK_SIZE + 1, locks=3)  # its locks count too
+            with pytest.raises(TransactionTooLargeError, match=f"may carry {largest}"):
+                await client.submit(too_large)
+            assert len(too_large.events) == 1 and isinstance(too_large.events[0], TransactionTooLargeError)
+            after = RawAppend(100, locks=3)
+            await client.submit(after)
+            await client.flush()
+            await eventually(lambda: len(app.data) == 2, 20, "both transactions applied")
+            assert fits.events == after.events == [("completion", True)]
+            assert app.data == {0: fits.data, 1: after.data}  # read back whole through the data range

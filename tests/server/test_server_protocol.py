@@ -249,3 +249,30 @@ async def test_cluster_verify_check_connectivity_and_preferred_partitions(cluste
     finally:
         await admin.close()
         await transport.aclose()
+
+
+async def test_a_record_no_replica_link_could_carry_is_dropped_and_the_partition_goes_on(tmp_path: Path,
+                                                                                         caplog) -> None:
+    """A client allowed larger frames than the servers sends an append that fits the server's frame
+    but whose record, with the storage append around it, would not: before, every replica left
+    the session, at every recovery, and the partition never committed again."""
+    max_frame = 8192
+    spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", max_frame_size=max_frame)
+    async with InProcessCluster(spec) as cl:
+        a = await connect(cl, 1)
+        await a.mount()
+        await a.append(b"before")
+        largest = max_frame - m.TRANSACTION_FRAME_HEADROOM
+        # fits the client's frame (49 bytes around it), not the storage append's (78 around it)
+        oversize = max_frame - 60
+        with caplog.at_level("WARNING", logger="waltz.server"):
+            await a.append(bytes(largest + 1))
+            for _ in range(2):
+                await a.append(bytes(oversize))
+        await a.append(bytes(largest))
+        await a.append(b"after", write=(7,))
+        assert await a.flush() == 2
+        assert [f.req_id.seq_num for f in a.feed] == [2, 6, 7]  # the three oversize appends: never in the log
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 2 and f"{largest + 1} bytes of data, over the {largest}" in dropped[0]  # 1st, 2nd
+        assert cl.servers[0].partitions[0].store.session is not None  # the store session never broke

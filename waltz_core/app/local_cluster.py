@@ -97,6 +97,8 @@ class ClusterSpec:
     num_servers: int = 1
     transport: str = "tcp"
     transport_options: dict[str, Any] = attrs.Factory(dict)
+    #: ``[transport] max_frame_size`` of every process, the client's included; None: the default
+    max_frame_size: int | None = None
     coordination: CoordinationConfig | None = None
     cluster_name: str = "waltz-local"
     server_overrides: dict[str, Any] = attrs.Factory(dict)
@@ -169,6 +171,8 @@ class ClusterSpec:
         coord = self.coordination
         assert coord is not None
         transport: dict[str, Any] = {"name": self.transport}
+        if self.max_frame_size is not None:
+            transport["max_frame_size"] = self.max_frame_size
         options = self.client_transport_options if client and self.client_transport_options is not None \
             else self.transport_options
         if options:

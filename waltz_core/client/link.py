@@ -179,6 +179,9 @@ class ServerLink:
         except TransportError as exc:
             log.info("stream write to %s failed: %s", self.endpoint, exc)
             await channel.close()
+        except ProtocolError as exc:  # a frame that cannot be sent: without the writer the link is mute
+            log.warning("stream write to %s failed: %s; reconnecting", self.endpoint, exc)
+            await channel.close()
 
     # --------------------------------------------------------------------------------- rpc
 

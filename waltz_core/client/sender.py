@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..errors import ClientAheadError, ClientClosedError, ClientError, ClientTimeoutError
+from ..errors import ClientAheadError, ClientClosedError, ClientError, ClientTimeoutError, TransactionTooLargeError
 from ..protocol import client as m
 from ..protocol.session import LockFailed, SessionState
 from ..timeouts import wait_for
@@ -66,6 +66,9 @@ class Sender:
         self._ctx = ctx
         self._partitions = ctx.partitions
         self._cap = ctx.config.client.max_concurrent_transactions
+        #: the data and locks a transaction may carry (the frames that carry it need the headroom)
+        self._max_frame = ctx.config.transport.max_frame_size
+        self._max_append_body = self._max_frame - m.TRANSACTION_FRAME_HEADROOM
         self._m_lock_failures = lock_failures
         self._m_retries = retries
         #: contexts to execute again, with their executions so far: a deque the retry workers
@@ -143,6 +146,21 @@ class Sender:
         if not ok:
             p.release_slot()
             await (ctx.notify_submitter if first else ctx.notify)(context.on_completion, False)
+            return
+        body = len(builder.data) + m.APPEND_LOCK_SIZE * (len(builder.write_locks) + len(builder.read_locks) +
+                                                         len(builder.append_locks))
+        if body > self._max_append_body:
+            # Sent, it would break the link (a frame that cannot be written), or the partition (a
+            # record no replica link can carry): neither would tell the submitter.
+            p.release_slot()
+            too_large = TransactionTooLargeError(
+                f"{type(context).__name__} (partition {pid}) carries {len(builder.data)} bytes of data and "
+                f"{body - len(builder.data)} of locks; with transport.max_frame_size = {self._max_frame} a "
+                f"transaction may carry {self._max_append_body}. Split the data over several transactions, or "
+                f"raise max_frame_size on every client, server and storage node")
+            await (ctx.notify_submitter if first else ctx.notify)(context.on_exception, too_large)
+            if first:
+                raise too_large
             return
         self.send(p, context, builder, attempts + 1)
 

@@ -585,6 +585,19 @@ def unpack_lock_failure(buf: bytes) -> tuple[int, int, int, int, int] | None:
 _unpack_lock_failure_fields: Final = struct.Struct(">iiiiq").unpack_from
 
 
+#: encode_append's payload without its data and locks: head, three lock counts, header, data
+#: length, checksum. Each lock adds :data:`APPEND_LOCK_SIZE`.
+APPEND_FIXED_SIZE: Final = _HEAD_LONG.size + 3 * 4 + 4 + 4 + 4
+APPEND_LOCK_SIZE: Final = 4
+#: Room a frame keeps around one transaction's data and locks. Every message that carries one
+#: transaction alone fits in ``transport.max_frame_size`` when data + locks take at most the
+#: rest: the client's append (:data:`APPEND_FIXED_SIZE` more), the server's append to a storage
+#: node (93 at most), a record read back from one, a data range (tests/protocol/test_frame_headroom.py).
+#: A record without that room would be refused by the link to every replica, again at every
+#: recovery: the partition could never commit past it.
+TRANSACTION_FRAME_HEADROOM: Final = 256
+
+
 def encode_append(client_id: int, generation: int, partition_id: int, seq_num: int, client_high_water_mark: int,
                   write_locks: tuple[int, ...], read_locks: tuple[int, ...], append_locks: tuple[int, ...],
                   header: int, data: bytes, checksum: int) -> bytes:

@@ -141,6 +141,9 @@ class Partition:
         self.config = config
         # A range response must stay well under the frame size the transport accepts.
         self._range_max_bytes = max(1, min(DATA_RANGE_MAX_BYTES, max_frame_size // 4))
+        #: the most data a record may carry: more, and no link to a replica could take it
+        self._max_record_data = max_frame_size - m.TRANSACTION_FRAME_HEADROOM
+        self._oversize_refused = 0
         self.high_water_mark = -1
         self.ready = False
         #: appends, flushes and mounts in arrival order; connection readers wait while it is full
@@ -220,6 +223,9 @@ class Partition:
         """:meth:`submit` without a coroutine: returns a future to await while the inbox is full."""
         t = type(msg)
         if t is _AppendRequest:
+            if len(msg.data) > self._max_record_data:
+                self._refuse_oversize(msg, link)
+                return None
             # An append without locks while the append task is idle (so nothing is queued ahead
             # of it: every put below clears the flag) is decided here, in the reader's call: one
             # task wake-up less per partition and burst of appends, and the order is the task's.
@@ -254,6 +260,19 @@ class Partition:
         else:
             log.warning("partition %d: unexpected %s from %s", self.partition_id, t.__name__, link.peer)
         return None
+
+    def _refuse_oversize(self, req: m.AppendRequest, link: ClientLink) -> None:
+        """Drop an append whose record no replica link could carry (it would stop the partition at
+        every recovery). The client library never sends one (TransactionTooLargeError): this is a
+        client with a larger ``transport.max_frame_size``, or not ours. The flush rule fails the
+        append on the client's side."""
+        self._oversize_refused += 1
+        if self._oversize_refused & (self._oversize_refused - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...
+            log.warning("partition %d: append of client %d from %s dropped: %d bytes of data, over the %d a "
+                        "record may carry with transport.max_frame_size = %d (%d dropped so far; the client's "
+                        "max_frame_size must not be above the servers' and storage nodes')", self.partition_id,
+                        req.req_id.client_id, link.peer, len(req.data), self._max_record_data,
+                        self._max_record_data + m.TRANSACTION_FRAME_HEADROOM, self._oversize_refused)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
