@@ -222,3 +222,37 @@ async def test_the_largest_transaction_commits_and_one_byte_more_is_refused_at_s
             await eventually(lambda: len(app.data) == 2, 20, "both transactions applied")
             assert fits.events == after.events == [("completion", True)]
             assert app.data == {0: fits.data, 1: after.data}  # read back whole through the data range
+
+
+async def test_the_blocking_client_raises_too_large_from_submit_on_the_submitting_thread(tmp_path) -> None:
+    """WaltzClient.submit returns once execute said yes: the size is checked before, on that thread."""
+    spec = ClusterSpec(tmp_path / "cluster", num_partitions=1, max_frame_size=4096)
+
+    class App(WaltzClientCallbacks):
+        def __init__(self) -> None:
+            self.applied: list[int] = []
+
+        def client_high_water_mark(self, partition_id: int) -> int:
+            return self.applied[-1] if self.applied else -1
+
+        def apply_transaction(self, txn) -> None:
+            self.applied.append(txn.transaction_id)
+
+    class Recorded(RawAppend):
+        def on_exception(self, exc: BaseException) -> None:
+            self.events.append((threading.current_thread().name, type(exc).__name__))
+
+    def run(config) -> tuple[Recorded, Recorded, list[int], str]:
+        app = App()
+        with WaltzClient(app, config) as client:
+            too_large, fits = Recorded(4096 - TRANSACTION_FRAME_HEADROOM + 1), Recorded(10)
+            with pytest.raises(TransactionTooLargeError):
+                client.submit(too_large)
+            client.submit(fits)
+            client.flush(timeout=20)
+            return too_large, fits, app.applied, threading.current_thread().name
+
+    async with InProcessCluster(spec):
+        too_large, fits, applied, thread = await asyncio.to_thread(run, spec.client_config())
+    assert too_large.events == [(thread, "TransactionTooLargeError")]  # on_exception where submit was called
+    assert fits.events == [("completion", True)] and applied == [0]

@@ -132,10 +132,12 @@ class Sender:
                 ok = context.execute(builder)
                 if ok is not True and is_awaitable(ok):
                     ok = await ok
+                if ok:
+                    self._check_size(context, builder)
             elif first:
-                ok = await dispatcher.call_submitter(context.execute, builder, final_if_true=True)
+                ok = await dispatcher.call_submitter(self._execute, context, builder, final_if_true=True)
             else:
-                ok = await dispatcher.call_retry(context.execute, builder)
+                ok = await dispatcher.call_retry(self._execute, context, builder)
         except BaseException as exc:
             p.release_slot()
             if isinstance(exc, Exception):
@@ -147,22 +149,28 @@ class Sender:
             p.release_slot()
             await (ctx.notify_submitter if first else ctx.notify)(context.on_completion, False)
             return
+        self.send(p, context, builder, attempts + 1)
+
+    def _execute(self, context: TransactionContext, builder: TransactionBuilder) -> object:
+        """``execute`` then the size check, on an application thread: a refusal is an exception of
+        that thread's call, which ``WaltzClient.submit`` raises (it returns once execute said yes)."""
+        ok = context.execute(builder)
+        if ok and not is_awaitable(ok):  # an awaitable is refused by the dispatcher
+            self._check_size(context, builder)
+        return ok
+
+    def _check_size(self, context: TransactionContext, builder: TransactionBuilder) -> None:
+        """TransactionTooLargeError for data and locks that no frame could carry: sent, the append
+        would break the link (a frame that cannot be written) or the partition (a record no
+        replica link can carry), and neither would tell the submitter."""
         body = len(builder.data) + m.APPEND_LOCK_SIZE * (len(builder.write_locks) + len(builder.read_locks) +
                                                          len(builder.append_locks))
         if body > self._max_append_body:
-            # Sent, it would break the link (a frame that cannot be written), or the partition (a
-            # record no replica link can carry): neither would tell the submitter.
-            p.release_slot()
-            too_large = TransactionTooLargeError(
-                f"{type(context).__name__} (partition {pid}) carries {len(builder.data)} bytes of data and "
-                f"{body - len(builder.data)} of locks; with transport.max_frame_size = {self._max_frame} a "
-                f"transaction may carry {self._max_append_body}. Split the data over several transactions, or "
-                f"raise max_frame_size on every client, server and storage node")
-            await (ctx.notify_submitter if first else ctx.notify)(context.on_exception, too_large)
-            if first:
-                raise too_large
-            return
-        self.send(p, context, builder, attempts + 1)
+            raise TransactionTooLargeError(
+                f"{type(context).__name__} (partition {builder.partition_id}) carries {len(builder.data)} bytes "
+                f"of data and {body - len(builder.data)} of locks; with transport.max_frame_size = "
+                f"{self._max_frame} a transaction may carry {self._max_append_body}. Split the data over several "
+                f"transactions, or raise max_frame_size on every client, server and storage node")
 
     async def acquire(self, pid: int, timeout: float | None) -> Partition:
         """Wait until the partition is mounted and has an in-flight slot; take the slot."""
