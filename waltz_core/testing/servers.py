@@ -348,7 +348,9 @@ class EtcdServer(_ServerGroup):
 
     Heartbeat 50 ms, election timeout 500 ms, zap logger at ``warn``. Node numbers are 0-based
     (member names ``n1..nN``). A restarted node reuses its data directory and rejoins.
-    ``extra_args`` go to every member's command line (``["--auth-token-ttl", "2"]``).
+    ``extra_args`` go to every member's command line (``["--auth-token-ttl", "2"]``). With
+    ``tls = (ca, cert, key)`` (PEM paths; the certificate valid for the members' hosts, for server
+    and client use) the client URLs are https and require a client certificate of ``ca``.
     """
 
     kind = "etcd"
@@ -356,10 +358,11 @@ class EtcdServer(_ServerGroup):
     def __init__(self, nodes: int = 1, *, workdir: str | os.PathLike[str] | None = None,
                  start_timeout: float = 30.0, log_level: str = "warn", hosts: Sequence[str] | None = None,
                  on_host: Callable[[int, list[str]], list[str]] | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), tls: tuple[str, str, str] | None = None) -> None:
         super().__init__(nodes, workdir, start_timeout, hosts, on_host)
         self.log_level = log_level
         self.extra_args = list(extra_args)
+        self.tls = tls
         ports = free_ports(nodes * 2)
         self.client_ports = ports[:nodes]
         self.peer_ports = ports[nodes:]
@@ -371,7 +374,12 @@ class EtcdServer(_ServerGroup):
         return ",".join(f"{h}:{p}" for h, p in zip(self.hosts, self.client_ports, strict=True))
 
     def _command(self, node: int) -> list[str]:
-        client = f"http://{self.hosts[node]}:{self.client_ports[node]}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://{self.hosts[node]}:{self.client_ports[node]}"
+        tls: list[str] = []
+        if self.tls:
+            ca, cert, key = self.tls
+            tls = ["--trusted-ca-file", ca, "--cert-file", cert, "--key-file", key, "--client-cert-auth"]
         peer = f"http://{self.hosts[node]}:{self.peer_ports[node]}"
         cluster = ",".join(f"n{i + 1}=http://{h}:{p}" for i, (h, p) in enumerate(zip(self.hosts, self.peer_ports,
                                                                                         strict=True)))
@@ -381,13 +389,21 @@ class EtcdServer(_ServerGroup):
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", self._token,
             "--heartbeat-interval", "50", "--election-timeout", "500",
-            "--logger", "zap", "--log-level", self.log_level, *self.extra_args,
+            "--logger", "zap", "--log-level", self.log_level, *tls, *self.extra_args,
         ]
 
     def _http(self, node: int, path: str, body: dict[str, object] | None = None, timeout: float = 1.0) -> object:
-        url = f"http://{self.hosts[node]}:{self.client_ports[node]}{path}"
+        url = f"{'https' if self.tls else 'http'}://{self.hosts[node]}:{self.client_ports[node]}{path}"
         data = None if body is None else json.dumps(body).encode()
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]  # never through a proxy
+        if self.tls:
+            import ssl
+
+            ca, cert, key = self.tls
+            context = ssl.create_default_context(cafile=ca)
+            context.load_cert_chain(cert, key)
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        opener = urllib.request.build_opener(*handlers)
         with opener.open(urllib.request.Request(url, data=data), timeout=timeout) as resp:
             return json.loads(resp.read())
 

@@ -235,7 +235,7 @@ async def test_a_token_unused_for_its_ttl_is_renewed() -> None:
         await backend.start()
         await backend.create("/waltz-ttl/k", b"v")
         stale = backend.client.metadata
-        await asyncio.sleep(2.5)  # etcd sweeps expired tokens every second
+        await asyncio.sleep(3.5)  # etcd sweeps expired tokens every second: 1 s of TTL + 1 s + margin
         assert await backend.create("/waltz-ttl/k2", b"v") > 0
         assert backend.client.metadata != stale
     finally:
@@ -275,3 +275,85 @@ async def test_a_refused_watch_is_an_error_not_a_silent_one(etcd_with_auth: Etcd
             await asyncio.to_thread(anonymous.client.add_watch_callback, "/waltz-refused/k", lambda _: None)
     finally:
         await anonymous.close()
+
+
+@pytest.fixture(scope="module")
+def etcd_with_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[EtcdServer, object]:
+    """One etcd whose client URL is https and requires a client certificate of the test CA."""
+    from waltz_transport_tcp.certs import create_test_ca
+
+    require(etcd_available(), "etcd (apt etcd-server)")
+    certs = create_test_ca(tmp_path_factory.mktemp("etcd-certs"), clients=("waltz",))
+    server = EtcdServer(nodes=1, tls=(str(certs.ca), str(certs.node_cert), str(certs.node_key))).start()
+    yield server, certs
+    server.stop()
+
+
+@pytest.mark.integration
+async def test_tls_with_a_client_certificate(etcd_with_tls, tmp_path, caplog) -> None:
+    server, certs = etcd_with_tls
+    cert, key = certs.clients["waltz"]
+    options = EtcdOptions(tls_ca=str(certs.ca), tls_cert=str(cert), tls_key=str(key))
+    backend = EtcdBackend(server.endpoints, session_timeout=3.0, options=options)
+    with caplog.at_level("WARNING", logger="waltz.coordination.etcd"):
+        await backend.start()
+    try:
+        assert await backend.create("/waltz-tls/k", b"v", ephemeral=True) > 0
+        got = await backend.get("/waltz-tls/k")
+        assert got is not None and got.value == b"v"
+        calls: list[int] = []
+        backend.watch("/waltz-tls/k", lambda: calls.append(1))
+        await backend.set("/waltz-tls/k", b"w", expected_version=got.version)
+        await eventually(lambda: bool(calls), 10, "a watch over TLS")
+    finally:
+        await backend.delete("/waltz-tls", recursive=True)
+        await backend.close()
+    assert not [r for r in caplog.records if "not encrypted" in r.getMessage()]
+    # https:// in the connect string turns TLS on as well (the CA still comes from the options)
+    https = EtcdBackend(f"https://{server.endpoints}", session_timeout=3.0,
+                        options=EtcdOptions(tls_ca=str(certs.ca), tls_cert=str(cert), tls_key=str(key)))
+    assert https.tls and https.endpoints == backend.endpoints
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ["plaintext", "no client certificate", "another CA", "missing file"])
+async def test_tls_refusals_are_one_clear_error(etcd_with_tls, tmp_path, case: str) -> None:
+    from waltz_transport_tcp.certs import create_test_ca
+
+    server, certs = etcd_with_tls
+    cert, key = certs.clients["waltz"]
+    options = {
+        "plaintext": EtcdOptions(),
+        "no client certificate": EtcdOptions(tls_ca=str(certs.ca)),
+        "another CA": EtcdOptions(tls_ca=str(create_test_ca(tmp_path / "other").ca), tls_cert=str(cert),
+                                  tls_key=str(key)),
+        "missing file": EtcdOptions(tls_ca=str(tmp_path / "nowhere.pem")),
+    }[case]
+    backend = EtcdBackend(server.endpoints, session_timeout=2.0, options=options)
+    # grpc's own words for the failure (a handshake, a closed socket) are part of the message
+    match = r"cannot read \[coordination.etcd\] tls_ca" if case == "missing file" else "unreachable .*; last error: "
+    t0 = time.monotonic()
+    with pytest.raises(CoordinationError, match=match):
+        await backend.start()
+    assert time.monotonic() - t0 < 15  # refused within the session timeout and its retries, not hung
+    await backend.close()
+
+
+def test_tls_options_go_together() -> None:
+    with pytest.raises(ConfigError, match="tls_cert and tls_key go together"):
+        EtcdOptions(tls_cert="/c.pem")
+    assert EtcdOptions(tls=True).tls_enabled and not EtcdOptions().tls_enabled
+
+
+async def test_plaintext_to_a_remote_member_is_logged(caplog, monkeypatch) -> None:
+    """Not refused (existing deployments), but the operator is told, with what crosses the network."""
+    def no_connection(self: EtcdBackend) -> None:  # the warning comes first; no packet leaves the host
+        raise CoordinationError("not connecting in this test")
+
+    monkeypatch.setattr(EtcdBackend, "_make_client", no_connection)
+    backend = EtcdBackend("198.18.0.1:2379", options=EtcdOptions(user="u", password="p"))
+    with caplog.at_level("WARNING", logger="waltz.coordination.etcd"), pytest.raises(CoordinationError):
+        await backend.start()
+    await backend.close()
+    assert any("198.18.0.1" in r.getMessage() and "password and auth tokens cross the network in plaintext"
+               in r.getMessage() for r in caplog.records)

@@ -54,6 +54,7 @@ from waltz_core.errors import (
     SessionLostError,
 )
 from waltz_core.retry import RetryPolicy
+from waltz_core.transport import is_loopback
 
 from .client import Client, WatchRefusedError, is_token_refusal
 from .options import EtcdOptions
@@ -73,10 +74,10 @@ _TOKEN_FRESH = 5.0
 
 
 def parse_endpoints(connect: str) -> list[tuple[str, int]]:
-    """``host:port,host:port`` (``http://`` prefixes allowed) to ``[(host, port), ...]``."""
+    """``host:port,host:port`` (``http://``/``https://`` prefixes allowed) to ``[(host, port), ...]``."""
     out = []
     for item in connect.split(","):
-        item = item.strip().removeprefix("http://").rstrip("/")
+        item = item.strip().removeprefix("http://").removeprefix("https://").rstrip("/")
         if not item:
             continue
         host, sep, port = item.rpartition(":")
@@ -183,7 +184,8 @@ class _Watch:
 class EtcdBackend:
     """Coordination on etcd v3 (see the module docstring for the mapping and threading).
 
-    :param connect: ``host:port[,host:port...]`` of the members' client URLs
+    :param connect: ``host:port[,host:port...]`` of the members' client URLs (``https://host:port``
+        turns TLS on, as ``[coordination.etcd] tls``/``tls_ca``/``tls_cert`` do)
     :param session_timeout: lease TTL in seconds (rounded up, at least 2); also how long a request
         is retried while no endpoint answers
     :param options: authentication and tuning
@@ -196,6 +198,8 @@ class EtcdBackend:
         self.connect = connect
         self.session_timeout = session_timeout
         self.options = options or EtcdOptions()
+        #: TLS when the options ask for it, or the connect string names https:// members
+        self.tls = self.options.tls_enabled or "https://" in connect
         self.ttl = max(2, math.ceil(session_timeout))
         #: a transient RPC failure: retried every 100 ms (jittered) for up to session_timeout
         self._rpc_retry = RetryPolicy(initial=0.1, maximum=0.1, deadline=session_timeout)
@@ -226,7 +230,9 @@ class EtcdBackend:
             ("grpc.keepalive_permit_without_calls", 0),
             ("grpc.http2.max_pings_without_data", 0),
         ]
-        endpoints = [pyetcd.Endpoint(host=h, port=p, secure=False, time_retry=self.options.endpoint_retry, opts=opts)
+        creds = self._channel_credentials()
+        endpoints = [pyetcd.Endpoint(host=h, port=p, secure=creds is not None, creds=creds,
+                                     time_retry=self.options.endpoint_retry, opts=opts)
                      for h, p in self.endpoints]
         client = Client(
             endpoints=endpoints, timeout=self.options.request_timeout, failover=True,
@@ -237,11 +243,38 @@ class EtcdBackend:
         self._authenticated_at = time.monotonic()
         return client
 
+    def _channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS credentials from ``tls_ca``/``tls_cert``/``tls_key``; None without TLS."""
+        o = self.options
+        if not self.tls:
+            return None
+
+        def read(key: str, path: str) -> bytes | None:
+            if not path:
+                return None
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as exc:
+                raise CoordinationError(f"etcd: cannot read [coordination.etcd] {key} {path!r}: "
+                                        f"{exc.strerror or exc}") from None
+
+        return grpc.ssl_channel_credentials(root_certificates=read("tls_ca", o.tls_ca),
+                                            private_key=read("tls_key", o.tls_key),
+                                            certificate_chain=read("tls_cert", o.tls_cert))
+
     async def start(self) -> None:
         """Connect and grant the lease; CoordinationError if no endpoint answers within session_timeout."""
         if self._loop is not None:
             raise CoordinationError("etcd: backend already started")
         self._loop = asyncio.get_running_loop()
+        if not self.tls:
+            remote = sorted({h for h, _ in self.endpoints if not is_loopback(h)})
+            if remote:
+                log.warning("etcd: the links to %s are not encrypted%s; set [coordination.etcd] tls_ca (and tls_cert, "
+                            "tls_key for etcd --client-cert-auth)", ", ".join(remote),
+                            ": the password and auth tokens cross the network in plaintext" if self.options.user
+                            else "")
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="waltz-etcd")
         try:
             self._client = await self._in_pool(self._make_client)
@@ -339,6 +372,7 @@ class EtcdBackend:
         # Waltz flags only exist once they are translated, below)
         delays = self._rpc_retry.delays() if retry else iter(())
         renew_token = renew_token and bool(self.options.user)
+        last_error = ""  # grpc's words for the latest failure: pyetcd's exceptions drop them
         while True:
             client = self.client
             token = client.metadata
@@ -354,9 +388,11 @@ class EtcdBackend:
             except _TRANSIENT as exc:
                 if attempts is not None:
                     attempts.append(1)
+                last_error = _grpc_details(exc) or last_error
                 delay = None if self._closed else next(delays, None)
                 if delay is None:  # not retried, past session_timeout, or closing
-                    raise CoordinationError(f"{what}: etcd unreachable at {self.connect} ({exc})") from exc
+                    why = f"{exc}; last error: {last_error}" if last_error else str(exc)
+                    raise CoordinationError(f"{what}: etcd unreachable at {self.connect} ({why})") from exc
                 await asyncio.sleep(delay)
             except grpc.RpcError as exc:
                 details = exc.details() or ""
@@ -772,6 +808,17 @@ class EtcdBackend:
             self._spawn(self._arm(handle, fire_after=True))
         if old is not None and self._pool is not None:
             self._pool.submit(old.close).add_done_callback(lambda f: f.exception())
+
+
+def _grpc_details(exc: BaseException) -> str:
+    """The details of the grpc error behind ``exc`` (a TLS handshake that failed, a refused
+    connection), which pyetcd's own exceptions do not carry; "" if there is none."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, grpc.RpcError):
+            return str(seen.details() or seen.code().name)
+        seen = seen.__cause__ or seen.__context__
+    return ""
 
 
 def _log_task_failure(task: asyncio.Task[Any]) -> None:

@@ -1,6 +1,7 @@
 """Options of the ``etcd`` coordination backend, read from ``[coordination.etcd]``.
 
-Example (three members, failover between them, user/password authentication)::
+Example (three members, failover between them, TLS with a client certificate, and
+user/password authentication)::
 
     [coordination]
     name = "etcd"
@@ -8,6 +9,9 @@ Example (three members, failover between them, user/password authentication)::
     session_timeout = 10          # the lease TTL, in whole seconds
 
     [coordination.etcd]
+    tls_ca = "/etc/waltz/etcd-ca.pem"         # etcd --trusted-ca-file's CA
+    tls_cert = "/etc/waltz/etcd-client.pem"   # for etcd --client-cert-auth
+    tls_key = "/etc/waltz/etcd-client.key"
     user = "waltz"
     password = "secret"
 """
@@ -28,9 +32,21 @@ class EtcdOptions:
     password: str = key("", "Password of user.")
     request_timeout: float = key(3.0, "Seconds one etcd RPC may take before it counts as failed (and is retried).")
     endpoint_retry: float = key(1.0, "Seconds a failed endpoint is skipped before the client tries it again.")
+    tls: bool = key(False, "Connect with TLS even without tls_ca/tls_cert (the members' certificates are checked "
+                           "against the system CA store).")
+    tls_ca: str = key("", "PEM file of the CA(s) the members' certificates are checked against; sets TLS on.")
+    tls_cert: str = key("", "PEM client certificate presented to the members (etcd --client-cert-auth); sets TLS "
+                            "on. Needs tls_key.")
+    tls_key: str = key("", "PEM private key of tls_cert.")
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls or bool(self.tls_ca) or bool(self.tls_cert)
 
     def __attrs_post_init__(self) -> None:
         if bool(self.user) != bool(self.password):
             raise ConfigError("coordination.etcd: user and password go together")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("coordination.etcd: tls_cert and tls_key go together")
         if self.request_timeout <= 0:
             raise ConfigError("coordination.etcd.request_timeout: must be positive")
