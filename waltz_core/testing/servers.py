@@ -42,6 +42,8 @@ from ..ports import free_ports
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 #: The Debian jar has slf4j-api but no binding: without these two the server logs nothing.
 ZOOKEEPER_LOG_JARS = ("/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar")
+#: what Debian's zookeeper.jar leaves out of its Class-Path and its TLS port (Netty) needs
+ZOOKEEPER_NETTY_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 #: JVM flags of a test ZooKeeper: quick start-up and small footprint rather than peak speed.
 _ZK_TEST_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
@@ -276,23 +278,33 @@ class ZooKeeperServer(_ServerGroup):
                  tick_time: int = 500, start_timeout: float = 60.0, heap: str = "256m",
                  hosts: Sequence[str] | None = None,
                  on_host: Callable[[int, list[str]], list[str]] | None = None,
-                 force_sync: bool = False, jvm_options: Sequence[str] | None = None) -> None:
+                 force_sync: bool = False, jvm_options: Sequence[str] | None = None,
+                 tls: tuple[str, str, str] | None = None) -> None:
         super().__init__(nodes, workdir, start_timeout, hosts, on_host)
+        #: (ca, cert, key) PEM paths: each node also serves TLS on ``secure_ports`` (Netty), clients
+        #: must present a certificate of ``ca``; the plain ports stay (probes, 4-letter words)
+        self.tls = tls
         self.tick_time = tick_time
         self.heap = heap
         #: fsync the transaction log before acknowledging (ZooKeeper's ``forceSync=yes``)
         self.force_sync = force_sync
         #: JVM flags besides the heap; None: the fast-starting test flags
         self.jvm_options = list(_ZK_TEST_JVM_OPTIONS if jvm_options is None else jvm_options)
-        ports = free_ports(nodes * 3)
+        ports = free_ports(nodes * 4)
         self.client_ports = ports[:nodes]
         self._quorum_ports = ports[nodes:2 * nodes]
-        self._election_ports = ports[2 * nodes:]
+        self._election_ports = ports[2 * nodes:3 * nodes]
+        self.secure_ports = ports[3 * nodes:]
 
     @property
     def connect_string(self) -> str:
         """``host:port,...`` of every node, for kazoo and ``[coordination] connect``."""
         return ",".join(f"{h}:{p}" for h, p in zip(self.hosts, self.client_ports, strict=True))
+
+    @property
+    def secure_connect_string(self) -> str:
+        """``host:port,...`` of every node's TLS port (with ``tls``)."""
+        return ",".join(f"{h}:{p}" for h, p in zip(self.hosts, self.secure_ports, strict=True))
 
     def _prepare(self) -> None:
         for node in range(self.nodes):
@@ -304,6 +316,14 @@ class ZooKeeperServer(_ServerGroup):
                 "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,stat,mntr",
                 "maxClientCnxns=0", f"forceSync={'yes' if self.force_sync else 'no'}", "preAllocSize=4096",
             ]
+            if self.tls:
+                ca, cert, key = self.tls
+                keystore = d / "keystore.pem"  # ZooKeeper's PEM key store: the key and its certificate
+                keystore.write_text(Path(key).read_text() + Path(cert).read_text())
+                lines += [f"secureClientPort={self.secure_ports[node]}",
+                          "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                          f"ssl.keyStore.location={keystore}", "ssl.keyStore.type=PEM",
+                          f"ssl.trustStore.location={ca}", "ssl.trustStore.type=PEM", "ssl.clientAuth=need"]
             if self.nodes > 1:
                 (d / "data" / "myid").write_text(f"{node + 1}\n")
                 lines += [f"server.{i + 1}={self.hosts[i]}:{self._quorum_ports[i]}:{self._election_ports[i]}"
@@ -316,7 +336,8 @@ class ZooKeeperServer(_ServerGroup):
         return [
             "java", f"-Xmx{self.heap}", *self.jvm_options,
             f"-Dlog4j.configuration=file:{d / 'log4j.properties'}", f"-Dzookeeper.log.dir={d}",
-            "-cp", ":".join((ZOOKEEPER_JAR, *ZOOKEEPER_LOG_JARS)), ZOOKEEPER_MAIN, str(d / "zoo.cfg"),
+            "-cp", ":".join((ZOOKEEPER_JAR, *ZOOKEEPER_LOG_JARS, *(ZOOKEEPER_NETTY_JARS if self.tls else ()))),
+            ZOOKEEPER_MAIN, str(d / "zoo.cfg"),
         ]
 
     def mode(self, node: int) -> str | None:

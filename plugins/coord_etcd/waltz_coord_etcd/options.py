@@ -21,32 +21,22 @@ from __future__ import annotations
 import attrs
 
 from waltz_core.config import key
+from waltz_core.coordination.tls import CoordinationTlsOptions
 from waltz_core.errors import ConfigError
 
 
 @attrs.frozen
-class EtcdOptions:
+class EtcdOptions(CoordinationTlsOptions):
     """``[coordination.etcd]``: authentication and client tuning."""
 
     user: str = key("", "etcd user for authentication; empty for none (then password must be empty too).")
     password: str = key("", "Password of user.")
     request_timeout: float = key(3.0, "Seconds one etcd RPC may take before it counts as failed (and is retried).")
     endpoint_retry: float = key(1.0, "Seconds a failed endpoint is skipped before the client tries it again.")
-    tls: bool = key(False, "Connect with TLS even without tls_ca/tls_cert (the members' certificates are checked "
-                           "against the system CA store).")
-    tls_ca: str = key("", "PEM file of the CA(s) the members' certificates are checked against; sets TLS on.")
-    tls_cert: str = key("", "PEM client certificate presented to the members (etcd --client-cert-auth); sets TLS "
-                            "on. Needs tls_key.")
-    tls_key: str = key("", "PEM private key of tls_cert.")
-
-    @property
-    def tls_enabled(self) -> bool:
-        return self.tls or bool(self.tls_ca) or bool(self.tls_cert)
 
     def __attrs_post_init__(self) -> None:
         if bool(self.user) != bool(self.password):
             raise ConfigError("coordination.etcd: user and password go together")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("coordination.etcd: tls_cert and tls_key go together")
+        self.check_tls("coordination.etcd")
         if self.request_timeout <= 0:
             raise ConfigError("coordination.etcd.request_timeout: must be positive")

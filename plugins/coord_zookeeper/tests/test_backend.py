@@ -135,3 +135,76 @@ def test_unreachable_server_is_one_clear_cli_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: zookeeper: cannot connect"), result.stderr
+
+
+@pytest.fixture(scope="module")
+def zookeeper_with_tls(tmp_path_factory: pytest.TempPathFactory):
+    """A ZooKeeper that also serves TLS (Netty, ssl.clientAuth=need) on its secure ports."""
+    from waltz_core.testing import require
+    from waltz_core.testing.servers import ZOOKEEPER_NETTY_JARS, zookeeper_available
+    from waltz_transport_tcp.certs import create_test_ca
+
+    require(zookeeper_available() and all(Path(j).exists() for j in ZOOKEEPER_NETTY_JARS),
+            "ZooKeeper with Netty (apt zookeeper: /usr/share/java/zookeeper.jar, netty-codec.jar)")
+    certs = create_test_ca(tmp_path_factory.mktemp("zk-certs"), clients=("waltz",))
+    server = ZooKeeperServer(nodes=1, tls=(str(certs.ca), str(certs.node_cert), str(certs.node_key))).start()
+    yield server, certs
+    server.stop()
+
+
+@pytest.mark.integration
+async def test_tls_with_a_client_certificate(zookeeper_with_tls, caplog) -> None:
+    server, certs = zookeeper_with_tls
+    cert, key = certs.clients["waltz"]
+    backend = ZooKeeperBackend(server.secure_connect_string, session_timeout=5.0,
+                               options=ZooKeeperOptions(tls_ca=str(certs.ca), tls_cert=str(cert), tls_key=str(key)))
+    with caplog.at_level("WARNING", logger="waltz.coordination.zookeeper"):
+        await backend.start()
+    try:
+        assert await backend.create("/waltz-tls/k", b"v") >= 0
+        got = await backend.get("/waltz-tls/k")
+        assert got is not None and got.value == b"v"
+    finally:
+        await backend.delete("/waltz-tls", recursive=True)
+        await backend.close()
+    assert not [r for r in caplog.records if "not encrypted" in r.getMessage()]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ["no client certificate", "another CA", "missing file"])
+# kazoo leaves the socket of a failed handshake to the garbage collector (closed there, with a warning)
+@pytest.mark.filterwarnings("ignore:unclosed <ssl.SSLSocket:ResourceWarning")
+async def test_tls_refusals_are_one_clear_error(zookeeper_with_tls, tmp_path: Path, case: str) -> None:
+    from waltz_transport_tcp.certs import create_test_ca
+
+    server, certs = zookeeper_with_tls
+    cert, key = certs.clients["waltz"]
+    options = {
+        "no client certificate": ZooKeeperOptions(tls_ca=str(certs.ca), connect_timeout=2.0),
+        "another CA": ZooKeeperOptions(tls_ca=str(create_test_ca(tmp_path / "other").ca), tls_cert=str(cert),
+                                       tls_key=str(key), connect_timeout=2.0),
+        "missing file": ZooKeeperOptions(tls_ca=str(tmp_path / "nowhere.pem")),
+    }[case]
+    backend = ZooKeeperBackend(server.secure_connect_string, session_timeout=5.0, options=options)
+    # the cause is named: the handshake kazoo's last attempt failed, or the file
+    match = (r"cannot read \[coordination.zookeeper\] tls_ca" if case == "missing file"
+             else r"cannot connect to .* \(last attempt: .*(SSL|ssl|certificate)")
+    with pytest.raises(CoordinationError, match=match):
+        await backend.start()
+    await backend.close()
+
+
+def test_tls_options_go_together() -> None:
+    with pytest.raises(ConfigError, match="tls_cert and tls_key go together"):
+        ZooKeeperOptions(tls_cert="/c.pem")
+    assert ZooKeeperOptions(tls=True).tls_enabled and not ZooKeeperOptions().tls_enabled
+
+
+def test_plaintext_to_a_remote_member_is_logged(caplog) -> None:
+    backend = ZooKeeperBackend("198.18.0.1:2181,127.0.0.1:2181", options=ZooKeeperOptions(
+        auth_scheme="digest", auth_credentials="u:p"))
+    with caplog.at_level("WARNING", logger="waltz.coordination.zookeeper"):
+        assert backend._tls_arguments() == {}  # what start() passes to kazoo; nothing is connected here
+    (record,) = [r for r in caplog.records if "not encrypted" in r.getMessage()]
+    assert "198.18.0.1" in record.getMessage() and "127.0.0.1" not in record.getMessage()
+    assert "digest credentials cross the network in plaintext" in record.getMessage()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from waltz_core.errors import (
     SessionLostError,
 )
 from waltz_core.timeouts import wait_for
+from waltz_core.transport import is_loopback
 
 from .options import ZooKeeperOptions, parse_acl_entry
 
@@ -127,11 +129,23 @@ class _BoundedConnectHandler(SequentialThreadingHandler):  # type: ignore[misc] 
     def __init__(self, connect_timeout: float) -> None:
         super().__init__()
         self.member_connect_timeout = connect_timeout
+        #: why the latest connect failed (a refused port, a TLS handshake): what a failed start names
+        self.last_error = ""
 
     def create_connection(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("timeout") is not None:
             kwargs["timeout"] = min(kwargs["timeout"], self.member_connect_timeout)
-        return super().create_connection(*args, **kwargs)
+        try:
+            return super().create_connection(*args, **kwargs)
+        except OSError as exc:  # ssl.SSLError included
+            self.last_error = str(exc) or type(exc).__name__
+            raise
+
+
+def _hosts(connect: str) -> list[str]:
+    """The host names of ``host:port,...[/chroot]``."""
+    return [h.strip().rpartition(":")[0].strip("[]") or h.strip()
+            for h in connect.split("/", 1)[0].split(",") if h.strip()]
 
 
 def member_connect_timeout(options: ZooKeeperOptions, session_timeout: float, connect: str) -> float:
@@ -178,8 +192,9 @@ class ZooKeeperBackend:
         opts = self.options
         acl = [ACL(e.perms, Id(e.scheme, e.id)) for e in map(parse_acl_entry, opts.acl)] or None
         auth = [(opts.auth_scheme, opts.auth_credentials)] if opts.auth_scheme else None
+        tls = self._tls_arguments()
         self._zk = KazooClient(
-            hosts=self.connect, timeout=self.session_timeout, default_acl=acl, auth_data=auth,
+            hosts=self.connect, timeout=self.session_timeout, default_acl=acl, auth_data=auth, **tls,
             connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": opts.reconnect_max_delay},
             handler=_BoundedConnectHandler(member_connect_timeout(opts, self.session_timeout, self.connect)),
             logger=logging.getLogger("waltz.coordination.zookeeper.kazoo"),
@@ -195,12 +210,32 @@ class ZooKeeperBackend:
         except (KazooTimeoutError, kz.KazooException, OSError, ValueError) as exc:
             zk, self._zk = self._zk, None
             await asyncio.to_thread(self._stop_client, zk)
+            last_error = zk.handler.last_error
+            last = f" (last attempt: {last_error})" if last_error else ""
             raise CoordinationError(
-                f"zookeeper: cannot connect to {self.connect} within {opts.connect_timeout:g} s: {exc or type(exc).__name__}"
-            ) from exc
+                f"zookeeper: cannot connect to {self.connect} within {opts.connect_timeout:g} s: "
+                f"{exc or type(exc).__name__}{last}") from exc
         finally:
             kazoo_log.removeFilter(quiet)
         self._set_state(SessionState.CONNECTED)
+
+    def _tls_arguments(self) -> dict[str, Any]:
+        """kazoo's TLS arguments from ``tls``/``tls_ca``/``tls_cert``/``tls_key``; {} without TLS."""
+        opts = self.options
+        if not opts.tls_enabled:
+            remote = sorted({h for h in _hosts(self.connect) if not is_loopback(h)})
+            if remote:
+                log.warning("zookeeper: the links to %s are not encrypted%s; set [coordination.zookeeper] tls_ca "
+                            "(and tls_cert, tls_key) and connect to the members' secureClientPort",
+                            ", ".join(remote), ": the digest credentials cross the network in plaintext"
+                            if opts.auth_scheme == "digest" else "")
+            return {}
+        for key_name in ("tls_ca", "tls_cert", "tls_key"):
+            path = getattr(opts, key_name)
+            if path and not os.access(path, os.R_OK):
+                raise CoordinationError(f"zookeeper: cannot read [coordination.zookeeper] {key_name} {path!r}")
+        return {"use_ssl": True, "verify_certs": True, "ca": opts.tls_ca or None, "certfile": opts.tls_cert or None,
+                "keyfile": opts.tls_key or None}
 
     @staticmethod
     def _stop_client(zk: KazooClient) -> None:

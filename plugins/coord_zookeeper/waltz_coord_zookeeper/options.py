@@ -15,6 +15,13 @@ only by ``waltz``)::
 The digest id is what ``kazoo.security.make_digest_acl_credential("waltz", "secret")`` (or
 ZooKeeper's ``DigestAuthenticationProvider``) prints; ``auth::cdrwa`` means "whoever is
 authenticated as this client's user" (ZooKeeper's creator ACL).
+
+With TLS (the members' ``secureClientPort`` in ``connect``)::
+
+    [coordination.zookeeper]
+    tls_ca = "/etc/waltz/zk-ca.pem"           # the CA of the members' certificates
+    tls_cert = "/etc/waltz/zk-client.pem"     # for ssl.clientAuth=need (ZooKeeper's default)
+    tls_key = "/etc/waltz/zk-client.key"
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ from __future__ import annotations
 import attrs
 
 from waltz_core.config import key
+from waltz_core.coordination.tls import CoordinationTlsOptions
 from waltz_core.errors import ConfigError
 
 _PERMISSION_BITS = {"r": 1, "w": 2, "c": 4, "d": 8, "a": 16}  # ZooKeeper's Perms (READ, WRITE, CREATE, DELETE, ADMIN)
 
 
 @attrs.frozen
-class ZooKeeperOptions:
+class ZooKeeperOptions(CoordinationTlsOptions):
     """``[coordination.zookeeper]``: authentication, ACLs and connection tuning."""
 
     auth_scheme: str = key("", "Authentication scheme sent after connecting (usually \"digest\"); empty for none.")
@@ -47,6 +55,7 @@ class ZooKeeperOptions:
     def __attrs_post_init__(self) -> None:
         if bool(self.auth_scheme) != bool(self.auth_credentials):
             raise ConfigError("coordination.zookeeper: auth_scheme and auth_credentials go together")
+        self.check_tls("coordination.zookeeper")
         for entry in self.acl:
             parse_acl_entry(entry)  # validate early, with the entry in the message
 
