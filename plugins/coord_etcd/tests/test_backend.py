@@ -138,10 +138,10 @@ async def test_a_watch_set_before_any_read_gets_a_change_made_while_its_stream_i
         await b.close()
 
 
-def _etcdctl(server: EtcdServer, *args: str, input_text: str | None = None) -> None:
+def _etcdctl(server: EtcdServer, *args: str, input_text: str | None = None, scheme: str = "http") -> None:
     env = {**os.environ, "ETCDCTL_API": "3", "NO_PROXY": "127.0.0.1"}
-    subprocess.run(["etcdctl", f"--endpoints={server.endpoints}", *args], check=True, capture_output=True,
-                   timeout=10, env=env, input=input_text, text=True)
+    subprocess.run(["etcdctl", f"--endpoints={scheme}://{server.endpoints}", *args], check=True,
+                   capture_output=True, timeout=10, env=env, input=input_text, text=True)
 
 
 def _start_with_auth(*extra_args: str) -> EtcdServer:
@@ -357,3 +357,55 @@ async def test_plaintext_to_a_remote_member_is_logged(caplog, monkeypatch) -> No
     await backend.close()
     assert any("198.18.0.1" in r.getMessage() and "password and auth tokens cross the network in plaintext"
                in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.integration
+async def test_a_cluster_and_its_client_on_etcd_over_tls_with_a_password(tmp_path) -> None:
+    """Every process of a cluster reads [coordination.etcd] tls_* and user/password from its
+    config file, as operators write them: storage nodes, server and client."""
+    from waltz_core.client import AsyncWaltzClient, TransactionContext, WaltzClientCallbacks
+    from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
+    from waltz_transport_tcp.certs import create_test_ca
+
+    require(etcd_available() and os.path.exists("/usr/bin/etcdctl"), "etcd and etcdctl (apt etcd-server etcd-client)")
+    certs = create_test_ca(tmp_path / "certs", clients=("waltz",))
+    cert, key = certs.clients["waltz"]
+    server = EtcdServer(nodes=1, tls=(str(certs.ca), str(certs.node_cert), str(certs.node_key))).start()
+    try:
+        tls = ["--cacert", str(certs.ca), "--cert", str(cert), "--key", str(key)]
+        for args in (["user", "add", "root:rootpw"], ["user", "add", "waltz:secret"],
+                     ["user", "grant-role", "waltz", "root"], ["auth", "enable"]):
+            _etcdctl(server, *tls, *args, scheme="https")
+        options = {"etcd": {"tls_ca": str(certs.ca), "tls_cert": str(cert), "tls_key": str(key),
+                            "user": "waltz", "password": "secret"}}
+        coordination = CoordinationConfig(name="etcd", connect=server.endpoints, root="/waltz-tls-cluster",
+                                          session_timeout=5.0, options=options)
+        spec = ClusterSpec(tmp_path / "cluster", num_partitions=2, coordination=coordination)
+
+        class Put(TransactionContext):
+            def partition_id(self, num_partitions: int) -> int:
+                return 1
+
+            def execute(self, builder) -> bool:
+                builder.set_transaction_data(b"over tls")
+                return True
+
+        class App(WaltzClientCallbacks):
+            def __init__(self) -> None:
+                self.applied: list[int] = []
+
+            def client_high_water_mark(self, partition_id: int) -> int:
+                return -1
+
+            def apply_transaction(self, txn) -> None:
+                self.applied.append(txn.transaction_id)
+
+        async with InProcessCluster(spec):
+            app = App()
+            async with AsyncWaltzClient(app, spec.client_config()) as client:
+                for _ in range(3):
+                    await client.submit(Put())
+                await client.flush()
+                await eventually(lambda: app.applied == [0, 1, 2], 20, "three transactions applied")
+    finally:
+        server.stop()
