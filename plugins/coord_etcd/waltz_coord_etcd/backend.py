@@ -71,6 +71,9 @@ _SEQ_PREFIX = "seq:"
 #: A watch refused within this many seconds of authenticating is refused for a missing right, not
 #: for a stale token: no new token is fetched for it (each costs the server a bcrypt check).
 _TOKEN_FRESH = 5.0
+#: After an authentication that failed (a changed password), seconds during which callers get
+#: its error again instead of another attempt: every watch and request would ask for one.
+_AUTH_RETRY = 1.0
 
 
 def parse_endpoints(connect: str) -> list[tuple[str, int]]:
@@ -216,6 +219,7 @@ class EtcdBackend:
         self._closed = False
         self._auth_lock = asyncio.Lock()
         self._authenticated_at = 0.0  # time.monotonic() of the newest token
+        self._auth_failure: tuple[float, str] | None = None  # (when, why) of the last failed authentication
 
     # ------------------------------------------------------------------------------- lifecycle
     def _make_client(self) -> Client:
@@ -414,9 +418,17 @@ class EtcdBackend:
         async with self._auth_lock:
             if self.client.metadata != refused:
                 return
+            failure = self._auth_failure
+            if failure is not None and time.monotonic() - failure[0] < _AUTH_RETRY:
+                raise CoordinationError(failure[1])
             log.info("etcd: the auth token was refused (%s); authenticating again", why)
             user, password = self.options.user, self.options.password
-            await self._rpc("authenticate", lambda c: c.authenticate(user, password), renew_token=False)
+            try:
+                await self._rpc("authenticate", lambda c: c.authenticate(user, password), renew_token=False)
+            except CoordinationError as exc:
+                self._auth_failure = (time.monotonic(), str(exc))
+                raise
+            self._auth_failure = None
             self._authenticated_at = time.monotonic()
         await self._renew_watches()
 
