@@ -665,15 +665,19 @@ class EtcdBackend:
                 try:
                     watch_id = await self._in_pool(create)
                 except WatchRefusedError as exc:
-                    # etcd 3.4 says "invalid auth token" for a token it forgot, but "permission
-                    # denied" for one issued before the auth store changed, as for a missing
-                    # right: then a new token is tried unless the current one is fresh.
+                    # etcd says "invalid auth token" for a token it forgot; "permission denied"
+                    # is a missing right, or a token the server no longer takes (the reasons
+                    # vary between versions): then a new token is tried unless the current one
+                    # is fresh.
                     if self.options.user and (is_token_refusal(exc.reason) or
                                               time.monotonic() - self._authenticated_at > _TOKEN_FRESH):
                         try:
                             await self._renew_token(token, f"watch on {handle.key}: {exc.reason}")
                         except CoordinationError as auth_exc:
-                            log.warning("etcd: watch on %s refused (%s), and %s", handle.key, exc.reason, auth_exc)
+                            if not refused_logged:
+                                log.warning("etcd: watch on %s refused (%s), and %s; trying again", handle.key,
+                                            exc.reason, auth_exc)
+                                refused_logged = True
                     elif not refused_logged:
                         log.warning("etcd: watch on %s refused (%s); trying again", handle.key, exc.reason)
                         refused_logged = True
