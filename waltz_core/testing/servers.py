@@ -321,6 +321,7 @@ class ZooKeeperServer(_ServerGroup):
                 keystore = d / "keystore.pem"  # ZooKeeper's PEM key store: the key and its certificate
                 keystore.write_text(Path(key).read_text() + Path(cert).read_text())
                 lines += [f"secureClientPort={self.secure_ports[node]}",
+                          f"secureClientPortAddress={self.hosts[node]}",  # as the plain port: not every interface
                           "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
                           f"ssl.keyStore.location={keystore}", "ssl.keyStore.type=PEM",
                           f"ssl.trustStore.location={ca}", "ssl.trustStore.type=PEM", "ssl.clientAuth=need"]
