@@ -327,7 +327,8 @@ async def test_tls_with_a_client_certificate(etcd_with_tls, tmp_path, caplog) ->
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("case", ["plaintext", "no client certificate", "another CA", "missing file"])
+@pytest.mark.parametrize("case", ["plaintext", "no client certificate", "another CA", "missing file", "not PEM",
+                                  "key of another certificate"])
 async def test_tls_refusals_are_one_clear_error(etcd_with_tls, tmp_path, case: str) -> None:
     from waltz_transport_tcp.certs import create_test_ca
 
@@ -339,10 +340,15 @@ async def test_tls_refusals_are_one_clear_error(etcd_with_tls, tmp_path, case: s
         "another CA": EtcdOptions(tls_ca=str(create_test_ca(tmp_path / "other").ca), tls_cert=str(cert),
                                   tls_key=str(key)),
         "missing file": EtcdOptions(tls_ca=str(tmp_path / "nowhere.pem")),
+        "not PEM": EtcdOptions(tls_ca=str(key)),
+        "key of another certificate": EtcdOptions(tls_ca=str(certs.ca), tls_cert=str(cert), tls_key=str(certs.node_key)),
     }[case]
     backend = EtcdBackend(server.endpoints, session_timeout=2.0, options=options)
     # grpc's own words for the failure (a handshake, a closed socket) are part of the message
-    match = r"cannot read \[coordination.etcd\] tls_ca" if case == "missing file" else "unreachable .*; last error: "
+    match = {"missing file": r"cannot read \[coordination.etcd\] tls_ca",
+             "not PEM": r"\[coordination.etcd\] tls_ca .* holds no PEM CA certificate",
+             "key of another certificate": r"tls_cert .* and tls_key .* are not a PEM certificate and its private key",
+             }.get(case, "unreachable .*; last error: ")
     t0 = time.monotonic()
     with pytest.raises(CoordinationError, match=match):
         await backend.start()

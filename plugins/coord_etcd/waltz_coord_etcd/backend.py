@@ -249,23 +249,10 @@ class EtcdBackend:
 
     def _channel_credentials(self) -> grpc.ChannelCredentials | None:
         """TLS credentials from ``tls_ca``/``tls_cert``/``tls_key``; None without TLS."""
-        o = self.options
         if not self.tls:
             return None
-
-        def read(key: str, path: str) -> bytes | None:
-            if not path:
-                return None
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as exc:
-                raise CoordinationError(f"etcd: cannot read [coordination.etcd] {key} {path!r}: "
-                                        f"{exc.strerror or exc}") from None
-
-        return grpc.ssl_channel_credentials(root_certificates=read("tls_ca", o.tls_ca),
-                                            private_key=read("tls_key", o.tls_key),
-                                            certificate_chain=read("tls_cert", o.tls_cert))
+        ca, cert, key = self.options.load_tls_files("coordination.etcd")
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     async def start(self) -> None:
         """Connect and grant the lease; CoordinationError if no endpoint answers within session_timeout."""

@@ -171,7 +171,8 @@ async def test_tls_with_a_client_certificate(zookeeper_with_tls, caplog) -> None
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("case", ["no client certificate", "another CA", "missing file"])
+@pytest.mark.parametrize("case", ["no client certificate", "another CA", "missing file", "not PEM",
+                                  "key of another certificate"])
 # kazoo leaves the socket of a failed handshake to the garbage collector (closed there, with a warning)
 @pytest.mark.filterwarnings("ignore:unclosed <ssl.SSLSocket:ResourceWarning")
 async def test_tls_refusals_are_one_clear_error(zookeeper_with_tls, tmp_path: Path, case: str) -> None:
@@ -184,11 +185,16 @@ async def test_tls_refusals_are_one_clear_error(zookeeper_with_tls, tmp_path: Pa
         "another CA": ZooKeeperOptions(tls_ca=str(create_test_ca(tmp_path / "other").ca), tls_cert=str(cert),
                                        tls_key=str(key), connect_timeout=2.0),
         "missing file": ZooKeeperOptions(tls_ca=str(tmp_path / "nowhere.pem")),
+        "not PEM": ZooKeeperOptions(tls_ca=str(key)),
+        "key of another certificate": ZooKeeperOptions(tls_ca=str(certs.ca), tls_cert=str(cert),
+                                                       tls_key=str(certs.node_key)),
     }[case]
     backend = ZooKeeperBackend(server.secure_connect_string, session_timeout=5.0, options=options)
     # the cause is named: the handshake kazoo's last attempt failed, or the file
-    match = (r"cannot read \[coordination.zookeeper\] tls_ca" if case == "missing file"
-             else r"cannot connect to .* \(last attempt: .*(SSL|ssl|certificate)")
+    match = {"missing file": r"cannot read \[coordination.zookeeper\] tls_ca",
+             "not PEM": r"\[coordination.zookeeper\] tls_ca .* holds no PEM CA certificate",
+             "key of another certificate": r"tls_cert .* and tls_key .* are not a PEM certificate and its private key",
+             }.get(case, r"cannot connect to .* \(last attempt: .*(SSL|ssl|certificate)")
     with pytest.raises(CoordinationError, match=match):
         await backend.start()
     await backend.close()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -230,10 +229,7 @@ class ZooKeeperBackend:
                             ", ".join(remote), ": the digest credentials cross the network in plaintext"
                             if opts.auth_scheme == "digest" else "")
             return {}
-        for key_name in ("tls_ca", "tls_cert", "tls_key"):
-            path = getattr(opts, key_name)
-            if path and not os.access(path, os.R_OK):
-                raise CoordinationError(f"zookeeper: cannot read [coordination.zookeeper] {key_name} {path!r}")
+        opts.load_tls_files("coordination.zookeeper")  # checked here: kazoo would only retry the connect
         return {"use_ssl": True, "verify_certs": True, "ca": opts.tls_ca or None, "certfile": opts.tls_cert or None,
                 "keyfile": opts.tls_key or None}
 
