@@ -245,6 +245,10 @@ class ServerConfig:
     append_queue_size: int = key(100, "Appends queued per partition before the server stops reading the connection.",
                                  validator=AT_LEAST_ONE)
     max_batch_size: int = key(100, "Largest batch of records sent to storage replicas at once.", validator=AT_LEAST_ONE)
+    max_locks_per_transaction: int = key(
+        4096, "Most locks (write, read and append together) one transaction may name; the server refuses a larger "
+              "one (TooManyLocksError): the server checks a transaction's locks in one step, which holds up "
+              "every partition of the server.", validator=AT_LEAST_ONE)
     storage_request_timeout: float = key(
         5.0, "Seconds a storage node may take to answer a request; past it the connection is closed, the node "
              "is marked unreachable for every partition of the server and probed in the background, and each "

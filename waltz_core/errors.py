@@ -38,6 +38,7 @@
         ├── ClientAheadError                 703  no         client high-water mark is above the server's
         ├── TransactionExpiredError          704  no         a transaction context's deadline/retries ran out
         └── TransactionTooLargeError         705  no         an append would not fit in one frame
+            └── TooManyLocksError            706  no         an append names more locks than the server takes
 
 Policy flags
     ``retriable`` says whether the same request may succeed if sent again (possibly elsewhere);
@@ -76,7 +77,8 @@ __all__ = [
     "HandshakeError", "MetadataEditError", "NoNodeError", "NodeExistsError", "OutOfOrderAppendError",
     "PartitionNotFoundError", "PartitionNotReadyError", "PeerTimeoutError", "PluginError", "ProtocolError",
     "RequestTimeoutError", "ServerError", "SessionLostError", "StaleSessionError", "StorageCorruptionError",
-    "StorageError", "TransactionExpiredError", "TransactionTooLargeError", "TransportError", "WaltzError", "error_from_wire", "wire_code",
+    "StorageError", "TooManyLocksError", "TransactionExpiredError", "TransactionTooLargeError", "TransportError",
+    "WaltzError", "error_from_wire", "wire_code",
 ]
 
 _E = TypeVar("_E", bound="type[WaltzError]")
@@ -310,6 +312,11 @@ class TransactionExpiredError(ClientError):
 @_code(705)
 class TransactionTooLargeError(ClientError):
     """A transaction's append (data, header and locks) is larger than ``transport.max_frame_size``."""
+
+
+@_code(706)
+class TooManyLocksError(TransactionTooLargeError):
+    """A transaction names more locks than the server takes in one (``[server] max_locks_per_transaction``)."""
 
 
 # ------------------------------------------------------------------------------ wire translation

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import attrs
 import pytest
 
 from waltz_core.client import (
@@ -14,7 +15,7 @@ from waltz_core.client import (
     WaltzClient,
     WaltzClientCallbacks,
 )
-from waltz_core.errors import TransactionTooLargeError
+from waltz_core.errors import TooManyLocksError, TransactionTooLargeError
 from waltz_core.protocol.client import APPEND_LOCK_SIZE, TRANSACTION_FRAME_HEADROOM
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.testing.conformance.coordination import eventually
@@ -256,3 +257,42 @@ async def test_the_blocking_client_raises_too_large_from_submit_on_the_submittin
         too_large, fits, applied, thread = await asyncio.to_thread(run, spec.client_config())
     assert too_large.events == [(thread, "TransactionTooLargeError")]  # on_exception where submit was called
     assert fits.events == [("completion", True)] and applied == [0]
+
+
+async def test_appends_the_server_refuses_end_with_the_error_and_are_not_retried(tmp_path, caplog) -> None:
+    """A client configured with larger frames than the servers passes its own size check. Before,
+    a frame over the server's limit closed the stream connection, again at every retry, and one
+    under it but too large for a record was dropped and retried for ever; nobody was told. Now
+    the client learns the server's limits when it connects and ends both with
+    TransactionTooLargeError (the server refuses such an append too, for other clients:
+    tests/server/test_server_protocol.py); a transaction with more locks than the server takes
+    ends with TooManyLocksError, the server's refusal. None is retried."""
+    max_frame = 8192
+    spec = ClusterSpec(tmp_path / "cluster", num_partitions=1, max_frame_size=max_frame,
+                       server_overrides={"max_locks_per_transaction": 2})
+    async with InProcessCluster(spec):
+        app = DataApp()
+        config = spec.client_config()
+        config = attrs.evolve(config, transport=attrs.evolve(config.transport, max_frame_size=4 * max_frame))
+        async with AsyncWaltzClient(app, config) as client:
+            over_frame = RawAppend(max_frame)  # its frame is over the server's limit
+            over_record = RawAppend(max_frame - 60)  # fits the server's frames, not its records
+            too_many_locks = RawAppend(10, locks=3)
+            fits = RawAppend(100, locks=2)
+            with caplog.at_level("WARNING"):
+                for context in (over_frame, over_record, too_many_locks, fits):
+                    await client.submit(context)
+                await client.flush()
+                await eventually(lambda: over_frame.events and over_record.events and too_many_locks.events and app.data,
+                                 20, "all decided")
+            largest = max_frame - TRANSACTION_FRAME_HEADROOM
+            assert [type(e) for e in over_frame.events] == [TransactionTooLargeError]
+            assert f"carries {max_frame} bytes of data and locks; the server" in str(over_frame.events[0])
+            assert f"takes {largest}" in str(over_frame.events[0])
+            assert [type(e) for e in over_record.events] == [TransactionTooLargeError]
+            assert f"carries {max_frame - 60} bytes of data and locks" in str(over_record.events[0])
+            assert [type(e) for e in too_many_locks.events] == [TooManyLocksError]
+            assert "3 locks, over the server's max_locks_per_transaction = 2" in str(too_many_locks.events[0])
+            assert fits.events == [("completion", True)] and app.data == {0: fits.data}
+            assert "waltz_client_retries_total 0" in client.metrics.render_prometheus()
+            assert not [r for r in caplog.records if "closing connection" in r.getMessage()]  # the link never broke

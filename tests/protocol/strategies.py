@@ -124,6 +124,9 @@ CLIENT: dict[type, st.SearchStrategy[Any]] = {
     _c.TransactionDataRangeRequest: st.builds(_c.TransactionDataRangeRequest, req_ids, i64, i32, i32),
     _c.TransactionDataRangeResponse: transaction_data_range_responses(),
     _c.FeedDataBatch: feed_data_batches(),
+    _c.AppendRefused: st.builds(_c.AppendRefused, req_ids, i32, text),
+    _c.ServerLimitsRequest: st.builds(_c.ServerLimitsRequest, req_ids),
+    _c.ServerLimitsResponse: st.builds(_c.ServerLimitsResponse, req_ids, i32, i32),
 }
 
 _s = storage

@@ -24,6 +24,7 @@ from waltz_core.protocol.session import (
     TRANSITIONS,
     ClientAhead,
     LockFailed,
+    Refused,
     RemountLater,
     Session,
     SessionEvent,
@@ -214,6 +215,19 @@ def test_lock_failure_decides_only_that_append() -> None:
     waiting = s.receive(m.LockFailure(ReqId(ME, 1, PID, a), 11))
     assert isinstance(waiting, LockFailed) and not waiting.applied  # wait until 11 is applied
     assert len(s) == 0 and not s.failed
+
+
+def test_a_refused_append_is_decided_alone_and_for_good() -> None:
+    s = mounted(hwm=10)
+    a, b, c = s.append("a", 1, 0.0), s.append("b", 1, 0.0), s.append("c", 1, 0.0)
+    decision = s.receive(m.AppendRefused(ReqId(ME, 1, PID, b), 706, "5 locks"))
+    assert isinstance(decision, Refused)
+    assert (decision.entry.item, decision.error_code, decision.message) == ("b", 706, "5 locks")
+    assert s.receive(m.AppendRefused(ReqId(ME, 1, PID, b), 706, "5 locks")) is None  # decided already
+    assert s.receive(m.AppendRefused(ReqId(OTHER, 1, PID, a), 705, "")) is None  # not ours
+    assert [e.item for e in s.pending()] == ["a", "c"] and not s.failed
+    assert s.on_feed(ME, c, 11).item == "c"  # a later commit fails the older "a", not the refused "b"
+    assert [e.item for e in s.take_failed()] == ["a"]
 
 
 def test_feed_suspended_for_this_generation_mounts_again() -> None:

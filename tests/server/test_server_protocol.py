@@ -16,9 +16,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from waltz_core.errors import ConnectionClosedError
+from waltz_core.errors import ConnectionClosedError, TooManyLocksError, TransactionTooLargeError, error_from_wire
 from waltz_core.protocol import CLIENT, Family
 from waltz_core.protocol import client as m
+from waltz_core.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from waltz_core.protocol.wire import crc32
 from waltz_core.testing.cluster import ClusterSpec, InProcessCluster
 from waltz_core.testing.conformance.coordination import eventually
@@ -54,7 +55,7 @@ async def test_feed_records_come_in_batches_to_protocol_3_clients_and_one_by_one
     # Mounted after the commits: each catch-up feed posts the 20 records at once.
     new = await connect(cluster, 2)
     old = await connect(cluster, 3, family=attrs.evolve(CLIENT, versions=(1, 2)))
-    assert (new.ch.version, old.ch.version) == (3, 2)
+    assert (new.ch.version, old.ch.version) == (m.VERSIONS[-1], 2)
     for raw in (new, old):
         assert (await raw.mount()).state is m.PartitionState.READY
         assert [(f.transaction_id, f.req_id.seq_num) for f in raw.feed] == [(i, i + 2) for i in range(20)]
@@ -251,28 +252,60 @@ async def test_cluster_verify_check_connectivity_and_preferred_partitions(cluste
         await transport.aclose()
 
 
-async def test_a_record_no_replica_link_could_carry_is_dropped_and_the_partition_goes_on(tmp_path: Path,
+async def test_a_record_no_replica_link_could_carry_is_refused_and_the_partition_goes_on(tmp_path: Path,
                                                                                          caplog) -> None:
     """A client allowed larger frames than the servers sends an append that fits the server's frame
     but whose record, with the storage append around it, would not: before, every replica left
-    the session, at every recovery, and the partition never committed again."""
+    the session, at every recovery, and the partition never committed again. A protocol-4 client
+    is told why (AppendRefused, code 705); an older one is not (its append is dropped)."""
     max_frame = 8192
     spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", max_frame_size=max_frame)
     async with InProcessCluster(spec) as cl:
         a = await connect(cl, 1)
+        old = await connect(cl, 2, family=attrs.evolve(CLIENT, versions=(1, 2, 3)))
+        assert (a.ch.version, old.ch.version) == (4, 3)
         await a.mount()
+        await old.mount()
         await a.append(b"before")
         largest = max_frame - m.TRANSACTION_FRAME_HEADROOM
         # fits the client's frame (49 bytes around it), not the storage append's (78 around it)
         oversize = max_frame - 60
         with caplog.at_level("WARNING", logger="waltz.server"):
-            await a.append(bytes(largest + 1))
+            refused = [await a.append(bytes(largest + 1))]
             for _ in range(2):
-                await a.append(bytes(oversize))
+                refused.append(await a.append(bytes(oversize)))
+            await old.append(bytes(oversize))
+        answers = [await a.until(m.AppendRefused, q) for q in refused]
+        assert {(r.error_code, type(error_from_wire(r.error_code, r.message))) for r in answers} == {
+            (705, TransactionTooLargeError)}
+        assert f"{largest + 1} bytes of data, over the {largest}" in answers[0].message
         await a.append(bytes(largest))
         await a.append(b"after", write=(7,))
         assert await a.flush() == 2
-        assert [f.req_id.seq_num for f in a.feed] == [2, 6, 7]  # the three oversize appends: never in the log
-        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-        assert len(dropped) == 2 and f"{largest + 1} bytes of data, over the {largest}" in dropped[0]  # 1st, 2nd
+        assert [f.req_id.seq_num for f in a.feed] == [2, 6, 7]  # the four oversize appends: never in the log
+        assert m.AppendRefused not in old.seen
+        logged = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        # the 1st, 2nd and 4th refusal are logged; the 4th is the old client's, dropped
+        assert len(logged) == 3 and "answered" in logged[0] and "dropped: its protocol is older than 4" in logged[2]
+        assert cl.servers[0].partitions[0].refused == 4
         assert cl.servers[0].partitions[0].store.session is not None  # the store session never broke
+
+
+async def test_an_append_with_more_locks_than_the_server_takes_is_refused(tmp_path: Path) -> None:
+    spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", server_overrides={"max_locks_per_transaction": 4})
+    async with InProcessCluster(spec) as cl:
+        a = await connect(cl, 1)
+        q = a.q()
+        await a.ch.send(m.ServerLimitsRequest(q))  # what a protocol-4 client asks first
+        limits = await a.until(m.ServerLimitsResponse, q)
+        assert (limits.max_frame_size, limits.max_locks_per_transaction) == (DEFAULT_MAX_FRAME_SIZE, 4)
+        await a.mount()
+        await a.append(b"four", write=(1, 2), read=(3,), append=(4,))
+        q = await a.append(b"five", write=(1, 2), read=(3,), append=(4, 5))
+        refusal = await a.until(m.AppendRefused, q)
+        error = error_from_wire(refusal.error_code, refusal.message)
+        assert isinstance(error, TooManyLocksError) and isinstance(error, TransactionTooLargeError)
+        assert "5 locks, over the server's max_locks_per_transaction = 4" in refusal.message
+        await a.append(b"after", write=(1,), hwm=0)
+        assert await a.flush() == 1
+        assert [f.req_id.seq_num for f in a.feed] == [3, 5]  # after the limits request and the mount

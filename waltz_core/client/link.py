@@ -24,7 +24,15 @@ from typing import Any
 
 from ..errors import ClientClosedError, ConnectionClosedError, ProtocolError, TransportError, WaltzError
 from ..protocol import CLIENT
-from ..protocol.client import unpack_feed_batch, unpack_feed_data, unpack_lock_failure
+from ..protocol.client import (
+    LIMITS_VERSION,
+    TRANSACTION_FRAME_HEADROOM,
+    ServerLimitsRequest,
+    ServerLimitsResponse,
+    unpack_feed_batch,
+    unpack_feed_data,
+    unpack_lock_failure,
+)
 from ..protocol.wire import ReqId
 from ..timeouts import wait_for
 from ..transport import MessageChannel
@@ -55,6 +63,9 @@ class ServerLink:
         self.endpoint = endpoint
         self.partitions: set[int] = set()
         self.net_seq = 0  #: sequence number of the current stream network client
+        #: the most data + locks (4 bytes each) an append may carry to the connected server, from
+        #: its ServerLimitsResponse (protocol 4); None until it answered, or for an older server
+        self.max_append_body: int | None = None
         self._transport = transport
         self._role = role
         self._connect_timeout = connect_timeout
@@ -129,6 +140,9 @@ class ServerLink:
             self.net_seq = self._next_net_seq()
             self._stream = channel
             self._out = []
+            self.max_append_body = None
+            if channel.version >= LIMITS_VERSION:  # first: the answer comes before any mount's
+                self._out.append(self._encode(ServerLimitsRequest(ReqId(0, 0, 0, 0))))
             writer = asyncio.get_running_loop().create_task(self._write_loop(channel))
             try:
                 self._on_connected(self)
@@ -154,8 +168,12 @@ class ServerLink:
                     lock_failure = unpack_lock_failure(frame)  # the next most frequent: no objects either
                     if lock_failure is not None:
                         on_lock_failure(self, lock_failure)
+                        continue
+                    msg = decode(frame)
+                    if type(msg) is ServerLimitsResponse:
+                        self._learn_limits(msg)
                     else:
-                        on_message(self, decode(frame))
+                        on_message(self, msg)
             except ConnectionClosedError:
                 log.info("stream connection to %s closed", self.endpoint)
             except (ProtocolError, TransportError) as exc:
@@ -167,6 +185,11 @@ class ServerLink:
                 await channel.close()
                 if not self._closed:
                     self._on_lost(self)
+
+    def _learn_limits(self, msg: ServerLimitsResponse) -> None:
+        self.max_append_body = max(0, msg.max_frame_size - TRANSACTION_FRAME_HEADROOM)
+        log.debug("stream connection to %s: the server takes frames of %d bytes, %d locks per transaction",
+                  self.endpoint, msg.max_frame_size, msg.max_locks_per_transaction)
 
     async def _write_loop(self, channel: MessageChannel) -> None:
         try:

@@ -32,9 +32,16 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..errors import ClientAheadError, ClientClosedError, ClientError, ClientTimeoutError, TransactionTooLargeError
+from ..errors import (
+    ClientAheadError,
+    ClientClosedError,
+    ClientError,
+    ClientTimeoutError,
+    TransactionTooLargeError,
+    error_from_wire,
+)
 from ..protocol import client as m
-from ..protocol.session import LockFailed, SessionState
+from ..protocol.session import LockFailed, Refused, SessionState
 from ..timeouts import wait_for
 from .api import TransactionBuilder, TransactionContext
 from .dispatch import is_awaitable
@@ -43,6 +50,7 @@ from .partition import Partition, Pending, handed
 if TYPE_CHECKING:
     from ..metrics import Counter
     from .context import ClientContext
+    from .link import ServerLink
 
 log = logging.getLogger("waltz.client")
 
@@ -228,13 +236,35 @@ class Sender:
             p.release_slot()
             ctx.spawn(ctx.notify(context.on_exception, ClientClosedError("the client is closed")))
             return
+        link = p.link
+        if link is not None:
+            limit = link.max_append_body
+            if limit is not None and limit < self._max_append_body and self._over(p, link, context, builder, limit):
+                return
         session = p.session
         seq = session.append(context, attempts, time.monotonic())
-        link = p.link
         if link is not None:
             link.post_frame(m.encode_append(session.client_id, session.generation, p.id, seq,
                                             builder.client_high_water_mark, builder.write_locks, builder.read_locks,
                                             builder.append_locks, builder.header, builder.data, builder.checksum))
+
+    def _over(self, p: Partition, link: ServerLink, context: TransactionContext, builder: TransactionBuilder,
+              limit: int) -> bool:
+        """True, and the transaction ends with TransactionTooLargeError, if it carries more than the
+        partition's server takes (it allows smaller frames than this client): the frame would close
+        the stream connection, again at every retry."""
+        body = len(builder.data) + m.APPEND_LOCK_SIZE * (len(builder.write_locks) + len(builder.read_locks) +
+                                                         len(builder.append_locks))
+        if body <= limit:
+            return False
+        p.release_slot()
+        exc = TransactionTooLargeError(
+            f"{type(context).__name__} (partition {p.id}) carries {body} bytes of data and locks; the server "
+            f"{link.endpoint} takes {limit} (its transport.max_frame_size is smaller than this "
+            f"client's {self._max_frame}: keep it the same on every client, server and storage node)")
+        log.warning("client %d: %s", self._ctx.client_id, exc)
+        self._ctx.notify_soon(context.on_exception, exc)
+        return True
 
     def send_flush(self, p: Partition) -> None:
         """Ask the partition's server for a flush; if the link is down, the next READY settles it."""
@@ -262,6 +292,15 @@ class Sender:
         else:
             p.lock_waits.add(decision.transaction_id, entry)
         ctx.ping()
+
+    def refused(self, p: Partition, decision: Refused[TransactionContext]) -> None:
+        """The server will never take this append: its transaction ends with the error, no retry."""
+        p.release_slot()
+        exc = error_from_wire(decision.error_code, decision.message)
+        log.warning("client %d: partition %d refused an append of %s: %s", self._ctx.client_id, p.id,
+                    type(decision.entry.item).__name__, exc)
+        self._ctx.notify_soon(decision.entry.item.on_exception, exc)
+        self._ctx.ping()
 
     def release_lock_waits(self, p: Partition) -> None:
         """After an apply batch: lock-failed appends whose conflict the application applied go again."""

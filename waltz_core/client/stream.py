@@ -11,7 +11,8 @@ then acts on what the session decided:
   re-execution; the record goes to the partition's feed queue for the applier;
 * mount answered: READY (appends may go; those sent before failed), NOT_READY (mount again
   later), CLIENT_AHEAD (submitters raise ClientAheadError);
-* a lock failure goes to the sender; a flush answer may decide appends (failed) and flushes;
+* a lock failure goes to the sender, and so does a refused append (its transaction fails for
+  good); a flush answer may decide appends (failed) and flushes;
 * a suspended feed: mount again later.
 
 A lost link blocks its partitions' appends (UNMOUNTED) until the link reconnects and mounts them
@@ -25,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import client as m
-from ..protocol.session import ClientAhead, LockFailed, Mounted, RemountLater, SessionState
+from ..protocol.session import ClientAhead, LockFailed, Mounted, Refused, RemountLater, SessionState
 
 if TYPE_CHECKING:
     import asyncio
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("waltz.client")
 
 _INACTIVE = SessionState.INACTIVE
-_SESSION_MESSAGES = frozenset({m.MountResponse, m.LockFailure, m.FlushResponse, m.FeedSuspended})
+_SESSION_MESSAGES = frozenset({m.MountResponse, m.LockFailure, m.FlushResponse, m.FeedSuspended, m.AppendRefused})
 
 
 class Streams:
@@ -191,6 +192,8 @@ class Streams:
             return
         if isinstance(action, LockFailed):
             self._sender.lock_failed(p, action)
+        elif isinstance(action, Refused):
+            self._sender.refused(p, action)
         elif isinstance(action, Mounted):
             ctx.ping()
         elif isinstance(action, RemountLater):

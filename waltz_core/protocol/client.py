@@ -61,9 +61,14 @@ PROTOCOL: Final = b"L"
 #: negotiated 2, so version-1 servers keep getting one TransactionDataRequest per transaction.
 #: 3 adds FeedDataBatch (TYPE 25): the server sends the feed records of a commit in one frame
 #: on a stream link that negotiated 3, and FeedData one by one on the others.
-VERSIONS: Final = (1, 2, 3)
+#: 4 adds AppendRefused (TYPE 26): the server answers an append it will not take (too large, too
+#: many locks) on a link that negotiated 4, where it drops the append and logs it on the others;
+#: and the limits RPC (TYPE 27/28), which a client sends first on a stream link that negotiated 4
+#: (a frame above the server's limit would close the connection, again at every retry).
+VERSIONS: Final = (1, 2, 3, 4)
 DATA_RANGE_VERSION: Final = 2
 FEED_BATCH_VERSION: Final = 3
+LIMITS_VERSION: Final = 4
 
 
 class PartitionState(enum.IntEnum):
@@ -442,6 +447,35 @@ class TransactionDataRangeResponse:
     error: Annotated[str | None, _ERROR]
 
 
+@attrs.frozen(slots=True)
+class AppendRefused:
+    """The server will not take this append, now or ever (protocol 4): the client fails the
+    transaction with the error the code names (:func:`waltz_core.errors.error_from_wire`) and
+    does not send it again."""
+
+    TYPE: ClassVar[int] = 26
+    req_id: ReqId
+    error_code: Annotated[int, INT32]
+    message: Annotated[str, STRING]
+
+
+@attrs.frozen(slots=True)
+class ServerLimitsRequest:
+    """The server's limits on what one transaction may be (protocol 4). Answered at once, in the
+    order of the connection: a client that sends it first knows them before any mount is READY."""
+
+    TYPE: ClassVar[int] = 27
+    req_id: ReqId
+
+
+@attrs.frozen(slots=True)
+class ServerLimitsResponse:
+    TYPE: ClassVar[int] = 28
+    req_id: ReqId
+    max_frame_size: Annotated[int, INT32]  #: the server's ``transport.max_frame_size``
+    max_locks_per_transaction: Annotated[int, INT32]  #: the server's ``[server] max_locks_per_transaction``
+
+
 ClientMessage: TypeAlias = (
     MountRequest | MountResponse | AppendRequest | FeedRequest | FeedData | FeedSuspended | TransactionDataRequest |
     TransactionDataResponse | FlushRequest | FlushResponse | LockFailure | HighWaterMarkRequest |
@@ -449,7 +483,7 @@ ClientMessage: TypeAlias = (
     ServerPartitionsAssignmentRequest | ServerPartitionsAssignmentResponse | AddPreferredPartitionRequest |
     AddPreferredPartitionResponse | RemovePreferredPartitionRequest | RemovePreferredPartitionResponse |
     ServerPartitionsHealthStatRequest | ServerPartitionsHealthStatResponse | TransactionDataRangeRequest |
-    TransactionDataRangeResponse | FeedDataBatch
+    TransactionDataRangeResponse | FeedDataBatch | AppendRefused | ServerLimitsRequest | ServerLimitsResponse
 )
 #: every message class, in TYPE order (the alias above is the one list of them)
 MESSAGES: Final[tuple[type, ...]] = typing.get_args(ClientMessage)

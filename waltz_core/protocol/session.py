@@ -57,8 +57,9 @@ Fates of an append
     COMMITTED when it shows up in the feed (:meth:`Session.on_feed` returns it); every older append
     of this session still pending then FAILED, since a connection's appends are processed in order
     and a lock failure of an older one would have arrived first. LOCK-FAILED on a ``LockFailure``
-    (:class:`LockFailed`). FAILED when a mount is answered READY (the server flushed its queue
-    before answering, so nothing sent before the mount can commit any more) and by the flush rule.
+    (:class:`LockFailed`). REFUSED on an ``AppendRefused`` (:class:`Refused`), for good. FAILED
+    when a mount is answered READY (the server flushed its queue before answering, so nothing sent
+    before the mount can commit any more) and by the flush rule.
     Appends still pending when the session is abandoned have an UNKNOWN fate (:meth:`Session.abandon`).
 
 Decisions about other appends than the one an event names (older appends failed, flushes done)
@@ -195,9 +196,19 @@ class LockFailed(Generic[T]):
     applied: bool
 
 
+@attrs.frozen(slots=True)
+class Refused(Generic[T]):
+    """The server refused the append ``entry`` for good (protocol 4's AppendRefused): fail its
+    transaction with the error the code names; sending it again would be refused again."""
+
+    entry: PendingAppend[T]
+    error_code: int
+    message: str
+
+
 MOUNTED: Final = Mounted()
 
-Action = Mounted | RemountLater | ClientAhead | LockFailed[T]
+Action = Mounted | RemountLater | ClientAhead | LockFailed[T] | Refused[T]
 
 
 # ------------------------------------------------------------------------------------ session
@@ -357,6 +368,8 @@ class Session(Generic[T]):
             return None
         if t is m.FeedSuspended:
             return self._on_feed_suspended(msg)  # type: ignore[arg-type]
+        if t is m.AppendRefused:
+            return self._on_append_refused(msg)  # type: ignore[arg-type]
         return None
 
     def _on_mount_response(self, msg: m.MountResponse) -> Action[T] | None:
@@ -389,6 +402,15 @@ class Session(Generic[T]):
         if entry is None:
             return None  # decided already (a READY mount failed it)
         return LockFailed(entry, transaction_id, transaction_id <= self.hwm)
+
+    def _on_append_refused(self, msg: m.AppendRefused) -> Refused[T] | None:
+        q = msg.req_id
+        if q.client_id != self.client_id:
+            return None
+        entry = self._pending.pop(self._count_of(q.seq_num), None)
+        if entry is None:
+            return None  # decided already (a READY mount failed it)
+        return Refused(entry, msg.error_code, msg.message)
 
     def _on_flush_response(self, msg: m.FlushResponse) -> None:
         count = self._count_of(msg.req_id.seq_num)

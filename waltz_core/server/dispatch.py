@@ -55,6 +55,9 @@ async def read_client_messages(link: ClientLink, partitions: Mapping[int, Partit
         if t is not append_type and t in ADMIN_REQUESTS:  # an append (most messages) is not one
             admin(msg, link)
             continue
+        if t is m.ServerLimitsRequest:  # answered here, before the mounts that follow it
+            link.post(m.ServerLimitsResponse(msg.req_id, *link.limits))
+            continue
         partition = partitions.get(msg.req_id.partition_id)
         if partition is not None:
             full = partition.offer(msg, link)

@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import TransportError
-from ..protocol.client import FEED_BATCH_VERSION, encode_feed_batches
+from ..protocol.client import FEED_BATCH_VERSION, LIMITS_VERSION, encode_feed_batches
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..transport.channel import MessageChannel
 
 log = logging.getLogger("waltz.server.link")
@@ -26,11 +27,15 @@ _ids = itertools.count(1)
 
 class ClientLink:
     __slots__ = ("channel", "id", "_encode", "_buffer", "_queued", "_feed_batches", "_wakeup", "_writable", "_high",
-                 "_low", "_writer", "_closed", "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable", "_feed")
+                 "_low", "_writer", "_closed", "_inbound", "_inbound_high", "_inbound_low", "_readable", "readable", "_feed",
+                 "refusals", "limits")
 
     def __init__(self, channel: MessageChannel, high_water: int = 4096, low_water: int = 1024,
-                 inbound_high_water: int = 600, inbound_low_water: int = 300) -> None:
+                 inbound_high_water: int = 600, inbound_low_water: int = 300,
+                 limits: tuple[int, int] = (DEFAULT_MAX_FRAME_SIZE, 4096)) -> None:
         self.channel = channel
+        #: (max frame size, max locks per transaction) of the server: the answer to ServerLimitsRequest
+        self.limits = limits
         self.id = next(_ids)
         self._encode = channel.family.encode
         self._buffer: list[bytes] = []
@@ -40,6 +45,8 @@ class ClientLink:
         self._queued = 0
         #: the client reads FeedDataBatch: feed records posted together go in one frame
         self._feed_batches = getattr(channel, "version", 0) >= FEED_BATCH_VERSION
+        #: the client reads AppendRefused: an append the server will not take is answered, not dropped
+        self.refusals = getattr(channel, "version", 0) >= LIMITS_VERSION
         self._wakeup = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()

@@ -25,7 +25,7 @@ from typing import Any, Protocol, final
 import attrs
 
 from ..config import ServerConfig
-from ..errors import WaltzError
+from ..errors import TooManyLocksError, TransactionTooLargeError, WaltzError, wire_code
 from ..inbox import Inbox
 from ..locks.base import NO_LOCKS, Begin, LockRequest, LockTable
 from ..metrics import Histogram
@@ -143,7 +143,8 @@ class Partition:
         self._range_max_bytes = max(1, min(DATA_RANGE_MAX_BYTES, max_frame_size // 4))
         #: the most data a record may carry: more, and no link to a replica could take it
         self._max_record_data = max_frame_size - m.TRANSACTION_FRAME_HEADROOM
-        self._oversize_refused = 0
+        self._max_locks = config.max_locks_per_transaction
+        self.refused = 0  #: appends refused (too large, too many locks) since the partition opened here
         self.high_water_mark = -1
         self.ready = False
         #: appends, flushes and mounts in arrival order; connection readers wait while it is full
@@ -224,7 +225,10 @@ class Partition:
         t = type(msg)
         if t is _AppendRequest:
             if len(msg.data) > self._max_record_data:
-                self._refuse_oversize(msg, link)
+                self._refuse(msg, link, TransactionTooLargeError(
+                    f"{len(msg.data)} bytes of data, over the {self._max_record_data} a record may carry with "
+                    f"transport.max_frame_size = {self._max_record_data + m.TRANSACTION_FRAME_HEADROOM} on the "
+                    f"server; the client's max_frame_size must not be above the servers' and storage nodes'"))
                 return None
             # An append without locks while the append task is idle (so nothing is queued ahead
             # of it: every put below clears the flag) is decided here, in the reader's call: one
@@ -242,6 +246,11 @@ class Partition:
                 except Exception:  # a bug must not end the client's connection
                     log.exception("partition %d: unexpected error deciding an append", self.partition_id)
                     return None
+            locks = len(msg.write_locks) + len(msg.read_locks) + len(msg.append_locks)
+            if locks > self._max_locks:
+                self._refuse(msg, link, TooManyLocksError(
+                    f"{locks} locks, over the server's max_locks_per_transaction = {self._max_locks}"))
+                return None
             self._append_idle = False  # the task is woken for it (and clears the flag itself too)
             link.inbound_added()
             return self._inbox.put((msg, link))
@@ -261,18 +270,20 @@ class Partition:
             log.warning("partition %d: unexpected %s from %s", self.partition_id, t.__name__, link.peer)
         return None
 
-    def _refuse_oversize(self, req: m.AppendRequest, link: ClientLink) -> None:
-        """Drop an append whose record no replica link could carry (it would stop the partition at
-        every recovery). The client library never sends one (TransactionTooLargeError): this is a
-        client with a larger ``transport.max_frame_size``, or not ours. The flush rule fails the
-        append on the client's side."""
-        self._oversize_refused += 1
-        if self._oversize_refused & (self._oversize_refused - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...
-            log.warning("partition %d: append of client %d from %s dropped: %d bytes of data, over the %d a "
-                        "record may carry with transport.max_frame_size = %d (%d dropped so far; the client's "
-                        "max_frame_size must not be above the servers' and storage nodes')", self.partition_id,
-                        req.req_id.client_id, link.peer, len(req.data), self._max_record_data,
-                        self._max_record_data + m.TRANSACTION_FRAME_HEADROOM, self._oversize_refused)
+    def _refuse(self, req: m.AppendRequest, link: ClientLink, error: WaltzError) -> None:
+        """Never take ``req``: a record no replica link could carry would stop the partition at
+        every recovery, and too many locks hold up the server. The client library checks the
+        size against its own and (protocol 4) the server's frame size before sending, so a large
+        one comes from an older client with a larger ``transport.max_frame_size``, or not ours. A
+        protocol-4 client hears why and fails the transaction; an older one is not told (its
+        flush rule fails the append, and it retries)."""
+        self.refused += 1
+        if link.refusals:
+            link.post(m.AppendRefused(req.req_id, wire_code(error), str(error)))
+        if self.refused & (self.refused - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...
+            log.warning("partition %d: append of client %d from %s refused (%s): %s (%d refused so far)",
+                        self.partition_id, req.req_id.client_id, link.peer,
+                        "answered" if link.refusals else "dropped: its protocol is older than 4", error, self.refused)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

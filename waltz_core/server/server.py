@@ -181,6 +181,8 @@ class WaltzServer:
                              labels, fn=lambda: partition.appends)
         self.metrics.counter("lock_failures", "Appends rejected by the lock table since the partition opened here",
                              labels, fn=lambda: partition.lock_failures)
+        self.metrics.counter("appends_refused", "Appends refused for good (too large, too many locks) since the "
+                             "partition opened here", labels, fn=lambda: partition.refused)
         self.partitions[pid] = partition
         self._stores[pid] = store
         log.info("%s: opening partition %d (generation %d)", self.name, pid, generation)
@@ -231,7 +233,8 @@ class WaltzServer:
             await conn.close()
             return
         cfg = self.config.server
-        link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water)
+        link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water,
+                          limits=(self.config.transport.max_frame_size, cfg.max_locks_per_transaction))
         self._links.add(link)
         partitions = self.partitions
         try:
