@@ -140,9 +140,11 @@ class _FaultyLink(ClientLink):
 
     __slots__ = ("_faults", "_held")
 
-    def __init__(self, faults: _OutboundFaults, channel: MessageChannel, config: ServerConfig) -> None:
+    def __init__(self, faults: _OutboundFaults, channel: MessageChannel, config: ServerConfig,
+                 max_frame_size: int) -> None:
         super().__init__(channel, inbound_high_water=config.inbound_high_water,
-                         inbound_low_water=config.inbound_low_water)
+                         inbound_low_water=config.inbound_low_water,
+                         limits=(max_frame_size, config.max_locks_per_transaction))
         self._faults = faults
         self._held: list[bytes] = []  # feed frames and mount answers held back while the feed is suspended
 
@@ -430,7 +432,7 @@ class MockCluster:
         except WaltzError:
             await conn.close()
             return
-        link = _FaultyLink(self._outbound, channel, self._server_config)
+        link = _FaultyLink(self._outbound, channel, self._server_config, self._transport_config.max_frame_size)
         self._links.add(link)
         try:
             await read_client_messages(link, self._inbound_links, _ignore_admin)
