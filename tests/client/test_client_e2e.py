@@ -296,3 +296,22 @@ async def test_appends_the_server_refuses_end_with_the_error_and_are_not_retried
             assert fits.events == [("completion", True)] and app.data == {0: fits.data}
             assert "waltz_client_retries_total 0" in client.metrics.render_prometheus()
             assert not [r for r in caplog.records if "closing connection" in r.getMessage()]  # the link never broke
+
+
+async def test_large_transactions_in_flight_together_all_commit(tmp_path) -> None:
+    """Records streamed to a replica together made one append: twenty transactions of 7,000
+    bytes in flight with 8 KiB frames made frames of 35 KB, which the replica links refused;
+    every replica left the session, the next session sent the same batch, and the partition
+    never committed again (1,587 sessions in 20 s). Batches now stay within a frame."""
+    spec = ClusterSpec(tmp_path / "cluster", num_partitions=1, max_frame_size=8192)
+    async with InProcessCluster(spec) as cluster:
+        app = DataApp()
+        async with AsyncWaltzClient(app, spec.client_config()) as client:
+            contexts = [RawAppend(7000) for _ in range(20)]
+            for context in contexts:
+                await client.submit(context)
+            await client.flush()
+            await eventually(lambda: len(app.data) == 20, 20, "every transaction applied")
+            assert all(c.events == [("completion", True)] for c in contexts)
+            assert sorted(app.data) == list(range(20)) and all(d == contexts[0].data for d in app.data.values())
+        assert cluster.servers[0].partitions[0].store.sessions_started == 1

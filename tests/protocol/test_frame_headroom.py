@@ -51,3 +51,15 @@ def test_the_client_append_counts_its_locks_in_the_body() -> None:
         frame = m.encode_append(1, 1, 1, 1, 1, locks, locks, locks, 0, DATA, RECORD.checksum)
         body = len(DATA) + m.APPEND_LOCK_SIZE * 3 * n
         assert len(frame) == m.APPEND_FIXED_SIZE + body <= body + m.TRANSACTION_FRAME_HEADROOM
+
+
+def test_a_storage_append_adds_less_than_the_batch_headroom_around_its_batch() -> None:
+    """The replicated store sends records together in batches of at most ``max_frame_size -
+    APPEND_BATCH_HEADROOM`` bytes: alone, or as the one batch of a message of several partitions
+    (a message of several batches stays within half a frame)."""
+    record = encode_stored_record(RECORD.transaction_id, REQ, RECORD.header, DATA, RECORD.checksum)
+    for count in (1, 2, 5):
+        batch = RecordBatch(record * count, count, RECORD.transaction_id - count + 1)
+        for frame in (storage.encode_append(2**63 - 1, 2**63 - 1, LARGEST, batch),
+                      storage.encode_append_many(2**63 - 1, [(2**63 - 1, LARGEST, batch)])):
+            assert 0 < len(frame) - batch.nbytes <= storage.APPEND_BATCH_HEADROOM

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from waltz_core.config import ServerConfig
+from waltz_core.protocol.storage import APPEND_BATCH_HEADROOM
 from waltz_core.protocol.wire import Record, RecordBatch, ReqId, crc32, encode_stored_record
 from waltz_core.server import store as store_module
 from waltz_core.server.store import ReplicatedStore
@@ -97,3 +98,22 @@ async def test_append_if_writable_appends_exactly_while_the_store_is_writable() 
     await store.flush()
     await store.close()
     assert store.append_if_writable(ReqId(9, 0, 0, 0), 0, data, crc32(data)) is None, "closed"
+
+
+async def test_batches_to_a_replica_stay_within_a_frame_and_carry_every_record() -> None:
+    """Records appended together go in batches of at most ``max_frame_size -
+    APPEND_BATCH_HEADROOM`` bytes; a record as large as a frame allows goes alone."""
+    max_frame = 4096
+    replicas = {ep: RecordingReplica(ep) for ep in EPS}
+    store = ReplicatedStore(0, 0, MemoryMetadata({0: EPS}), connector(replicas), CONFIG, max_frame_size=max_frame)
+    await store.open(Sink())
+    sizes = [900, 900, 900, 900, 3800, 10, 10, 1500, 1500, 1500]  # no awaits: appended together
+    for i, size in enumerate(sizes):
+        data = bytes([i]) * size
+        assert store.append_if_writable(ReqId(9, 0, 0, i), 0, data, crc32(data)) == i
+    await store.flush()
+    for replica in replicas.values():
+        assert [len(r.data) for r in replica.log(0)] == sizes
+        assert all(b.nbytes <= max_frame - APPEND_BATCH_HEADROOM for b in replica.batches)
+        assert len(replica.batches) >= 4  # 10 records of 12 KB in 4 KB frames
+    await store.close()

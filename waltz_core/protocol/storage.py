@@ -70,6 +70,11 @@ from .wire import (
 PROTOCOL: Final = b"S"
 VERSIONS: Final = (3, 4)  #: 4: appends of several partitions in one message; 3: numeric error codes in failures
 
+#: Bytes a storage append adds around its batch (38 alone, 53 as the one batch of a message of
+#: several partitions; tests/protocol/test_frame_headroom.py): a batch of at most
+#: ``max_frame_size - APPEND_BATCH_HEADROOM`` bytes goes in one frame.
+APPEND_BATCH_HEADROOM: Final = 64
+
 _RECORD_BATCH: Final = RecordBatchCodec(walk=False)
 #: one append of a StorageAppendManyRequest: session id, partition id, then its batch head
 _PART_HEAD: Final = struct.Struct(">qi" + RECORD_BATCH_HEAD.format[1:])

@@ -168,7 +168,8 @@ class WaltzServer:
         # A plugin's commit rule, asked once per partition; the majority when no plugin has one.
         commit_quorum = self.runtime.hook.waltz_commit_quorum(server_name=self.name, partition_id=pid) or quorum_of
         store = ReplicatedStore(pid, generation, self._metadata, self.connector, self.config.server,
-                                self.replication_budget, commit_quorum, self.stream_pump)
+                                self.replication_budget, commit_quorum, self.stream_pump,
+                                max_frame_size=self.config.transport.max_frame_size)
         server_cfg, regs = self.config.server, self.registries
         labels = {"partition": str(pid)}
         latency = self.metrics.histogram("commit_latency_seconds", "Seconds from hand-off to storage to quorum commit",

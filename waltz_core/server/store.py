@@ -42,6 +42,8 @@ from ..errors import (
     StorageError,
     WaltzError,
 )
+from ..protocol import storage as sm
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.wire import Record, RecordBatch, RecordHeader, ReqId, encode_stored_record
 from ..retry import RetryPolicy
 from ..timeouts import wait_for
@@ -389,7 +391,16 @@ class StoreSession:
         last = self._last_batch
         if last is not None and last.first_transaction_id == first and len(last) == end - start:
             return last
-        self._last_batch = batch = RecordBatch(b"".join(islice(buf, start, end)), end - start, first)
+        data = b"".join(islice(buf, start, end))
+        limit = self.store.max_batch_bytes
+        if len(data) > limit:  # rare: large records in flight together; a joined batch is cheaper than sizing each
+            size, stop = len(buf[start]), start + 1
+            while stop < end and size + len(buf[stop]) <= limit:
+                size += len(buf[stop])
+                stop += 1
+            end = stop
+            data = b"".join(islice(buf, start, end))
+        self._last_batch = batch = RecordBatch(data, end - start, first)
         return batch
 
     async def read_from_peer(self, reader: _ReplicaSession, first: int, max_count: int) -> RecordBatch:
@@ -479,8 +490,13 @@ class ReplicatedStore:
 
     def __init__(self, partition_id: int, generation: int, metadata: MetadataAccess, connect: ReplicaConnector,
                  config: ServerConfig, replication_budget: ReplicationBudget | None = None,
-                 commit_quorum: Callable[[int], int] = quorum_of, stream_pump: StreamPump | None = None) -> None:
+                 commit_quorum: Callable[[int], int] = quorum_of, stream_pump: StreamPump | None = None, *,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.partition_id = partition_id
+        #: bytes of records one append to a replica carries at most: records streamed together
+        #: (several large transactions in flight) must not make a frame the link refuses, which
+        #: would end the session, and the next, for ever (at least one record always goes)
+        self.max_batch_bytes = max_frame_size - sm.APPEND_BATCH_HEADROOM
         #: replicas -> acknowledgements that commit (the server asks waltz_commit_quorum once)
         self.commit_quorum = commit_quorum
         #: the server's, shared with its other partitions; one of our own when standing alone (tests)
