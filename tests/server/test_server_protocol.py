@@ -153,6 +153,22 @@ async def test_catch_up_feed_beyond_the_cache_is_read_from_storage(cluster: InPr
     assert [f.req_id for f in late.feed] == [f.req_id for f in a.feed]
 
 
+async def test_catch_up_feed_from_storage_with_small_frames(tmp_path: Path) -> None:
+    """256 headers a read (7,193 bytes) did not fit a 4 KiB frame: the storage node could not
+    answer, and a client behind the feed cache never caught up. A node answers within half a frame."""
+    spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", max_frame_size=4096,
+                       server_overrides={"feed_cache_budget": 72 * 40})
+    async with InProcessCluster(spec) as cl:
+        a = await connect(cl, 1)
+        await a.mount()
+        for i in range(300):
+            await a.append(f"r{i}".encode())
+        assert await a.flush() == 299
+        late = await connect(cl, 2)
+        assert (await late.mount(hwm=-1)).state is m.PartitionState.READY
+        assert [f.transaction_id for f in late.feed] == list(range(300))
+
+
 async def test_bad_bytes_close_only_that_connection(cluster: InProcessCluster) -> None:
     good = await connect(cluster, 1)
     await good.mount()

@@ -67,7 +67,7 @@ from ..openfiles import FILES_PER_PARTITION, explain, hint, storage_shortfall
 from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
-from ..protocol.wire import Record, RecordBatch, SessionInfo
+from ..protocol.wire import RECORD_HEADER, Record, RecordBatch, SessionInfo
 from ..timeouts import wait_for
 from ..transport.base import Connection
 from ..transport.channel import MessageChannel
@@ -933,8 +933,10 @@ class PartitionWorker:
         if t is sm.RecordHeaderListRequest:
             self._m_requests["record_header_list"].inc()
             store = self._check(req, False)
+            # within half a frame, as a record list (the caller asks again for the rest)
+            fit = max(1, self.node.max_frame_size // 2 // RECORD_HEADER.size)
             return sm.RecordHeaderListResponse(*head, tuple(store.read_headers(
-                req.transaction_id, self._list_size(req.max_records))))
+                req.transaction_id, min(self._list_size(req.max_records), fit))))
         if t is sm.MaxTransactionIdRequest:
             self._m_requests["max_transaction_id"].inc()
             store = self._check(req, req.offline)
