@@ -10,7 +10,7 @@ import pytest
 
 from waltz_core.config import ServerConfig
 from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
-from waltz_core.errors import ConnectionClosedError
+from waltz_core.errors import ConnectionClosedError, ProtocolError
 from waltz_core.protocol.wire import Record, ReqId, crc32
 from waltz_core.server import store as store_module
 from waltz_core.server.recovery import Recovery
@@ -693,4 +693,49 @@ async def test_a_replica_unassigned_while_down_and_assigned_again_keeps_no_dirty
     await store.flush()
     assert s3.log(0) == replicas["s1:1"].log(0)
     assert all(r.data != b"dirty" for r in s3.log(0))
+    await store.close()
+
+
+async def test_sessions_that_break_before_committing_start_their_successors_after_a_pause() -> None:
+    """A fault that ends every session at its first append (here: the replica links refuse the
+    frame) started a new session at once, dozens a second, each writing the partition metadata
+    twice. In a row, they now wait a growing pause, up to FRUITLESS_PAUSE_MAX; a session that
+    commits ends the pauses."""
+    replicas = {ep: Replica(ep) for ep in EPS}
+    failing = True
+
+    def refusing(replica: FakeReplica) -> None:
+        real = replica.append
+
+        async def append(session_id: int, partition_id: int, records: Any) -> None:
+            if failing:
+                raise ProtocolError("frame of 35238 bytes exceeds the maximum of 8192")
+            await real(session_id, partition_id, records)
+
+        replica.append = append  # type: ignore[method-assign]
+
+    for replica in replicas.values():
+        refusing(replica)
+    config = ServerConfig(initial_retry_interval=0.1, max_retry_interval=20.0, max_batch_size=10)
+    store = ReplicatedStore(0, 0, MemoryMetadata({0: EPS}), connector(replicas), config)
+    sink = Sink()
+    await store.open(sink)
+
+    async def client() -> None:  # a client retries what failed: an append whenever the store takes one
+        seq = 0
+        while True:
+            await store.wait_writable()
+            store.append(ReqId(9, 0, 0, seq), 0, b"x", crc32(b"x"))
+            seq += 1
+            await asyncio.sleep(0.01)
+
+    retrying = asyncio.get_running_loop().create_task(client())
+    await asyncio.sleep(3.0)
+    # pauses of 0.05-0.1, 0.1-0.2, 0.2-0.4, 0.4-0.8, 0.8-1.6 s (jittered): at most 7 sessions in 3 s
+    assert 3 <= store.sessions_started <= 8, store.sessions_started
+    assert sink.committed == -1
+    failing = False
+    await wait_for(lambda: sink.committed >= 0, 5.0)  # the next session, at most FRUITLESS_PAUSE_MAX later, commits
+    retrying.cancel()
+    await asyncio.gather(retrying, return_exceptions=True)
     await store.close()

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Protocol, TypeVar
 
@@ -98,6 +98,9 @@ ReplicaConnector = Callable[[str], Awaitable[ReplicaApi | None]]
 
 #: Seconds between attempts to reach replicas that are not in the current session.
 PROBE_INTERVAL = 1.0
+#: Longest pause before a new session after sessions in a row broke without committing anything
+#: (a persistent fault: each session costs two compare-and-sets on the coordination service).
+FRUITLESS_PAUSE_MAX = 2.0
 #: Seconds a replica whose node refused the session's writes is kept out of new sessions, doubled
 #: at each refusal that follows within REFUSAL_HOLD_MAX seconds of the last hold, up to that. Its
 #: node answers, so without the hold every new session would take it in again, it would refuse
@@ -521,6 +524,8 @@ class ReplicatedStore:
         self._closed = False
         self._window = max(4 * config.max_batch_size, 64)
         self.sessions_started = 0
+        #: pauses before the next session while sessions break without committing (None: none broke so)
+        self._fruitless: Iterator[float] | None = None
         self.last_error: str = ""
         #: replicas whose nodes refused writes -> (kept out of new sessions until, the hold's length,
         #: the connection that refused: a new one, after the node's restart, ends the hold)
@@ -565,12 +570,28 @@ class ReplicatedStore:
             self.session = None
             if old is not None:
                 await old.stop()
+                await self._pause_if_fruitless(old)
             try:
                 await self._start_session_with_retry()
             except GenerationMismatchError as exc:
                 log.warning("partition %d: %s; giving the partition up", self.partition_id, exc)
                 self.last_error = str(exc)
                 return
+
+    async def _pause_if_fruitless(self, old: StoreSession) -> None:
+        """Sessions that break before they commit anything, in a row, start their successors
+        after a growing pause (up to :data:`FRUITLESS_PAUSE_MAX`): a fault that ends every session
+        at once would otherwise start dozens a second, each writing the partition metadata twice."""
+        if not old.broken or old.committed > old.start_high_water_mark:
+            self._fruitless = None
+            return
+        if self._fruitless is None:
+            self._fruitless = RetryPolicy(initial=self.config.initial_retry_interval,
+                                          maximum=min(self.config.max_retry_interval, FRUITLESS_PAUSE_MAX)).delays()
+        delay = next(self._fruitless)
+        log.info("partition %d: session %d broke before it committed anything; the next starts in %.2fs",
+                 self.partition_id, old.session_id, delay)
+        await asyncio.sleep(delay)
 
     def replicas_assigned(self, endpoints: Sequence[str]) -> None:
         """The partition's replica assignment changed (``waltz cluster assign-partition`` /
