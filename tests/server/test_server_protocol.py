@@ -141,16 +141,22 @@ async def test_stale_connection_and_stale_generation_are_ignored(cluster: InProc
     assert len(new.feed) == 1 and new.feed[0].req_id.client_id == 5
 
 
-async def test_catch_up_feed_beyond_the_cache_is_read_from_storage(cluster: InProcessCluster) -> None:
-    a = await connect(cluster, 1)
+async def catch_up_from_storage(cl: InProcessCluster) -> None:
+    """300 transactions, then a client that mounts from the start: its feed is read from storage
+    (the clusters of these tests keep few transactions in the feed cache)."""
+    a = await connect(cl, 1)
     await a.mount()
     for i in range(300):
         await a.append(f"r{i}".encode())
     assert await a.flush() == 299
-    late = await connect(cluster, 2)
+    late = await connect(cl, 2)
     assert (await late.mount(hwm=-1)).state is m.PartitionState.READY
     assert [f.transaction_id for f in late.feed] == list(range(300))
     assert [f.req_id for f in late.feed] == [f.req_id for f in a.feed]
+
+
+async def test_catch_up_feed_beyond_the_cache_is_read_from_storage(cluster: InProcessCluster) -> None:
+    await catch_up_from_storage(cluster)
 
 
 async def test_catch_up_feed_from_storage_with_small_frames(tmp_path: Path) -> None:
@@ -159,14 +165,7 @@ async def test_catch_up_feed_from_storage_with_small_frames(tmp_path: Path) -> N
     spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", max_frame_size=4096,
                        server_overrides={"feed_cache_budget": 72 * 40})
     async with InProcessCluster(spec) as cl:
-        a = await connect(cl, 1)
-        await a.mount()
-        for i in range(300):
-            await a.append(f"r{i}".encode())
-        assert await a.flush() == 299
-        late = await connect(cl, 2)
-        assert (await late.mount(hwm=-1)).state is m.PartitionState.READY
-        assert [f.transaction_id for f in late.feed] == list(range(300))
+        await catch_up_from_storage(cl)
 
 
 async def test_bad_bytes_close_only_that_connection(cluster: InProcessCluster) -> None:
