@@ -248,7 +248,8 @@ class ServerConfig:
     max_locks_per_transaction: int = key(
         4096, "Most locks (write, read and append together) one transaction may name; the server refuses a larger "
               "one (TooManyLocksError): the server checks a transaction's locks in one step, which holds up "
-              "every partition of the server.", validator=AT_LEAST_ONE)
+              "every partition of the server.",
+        validator=requirement(lambda n: 1 <= n <= 2**31 - 1, "must be 1 to 2147483647"))
     storage_request_timeout: float = key(
         5.0, "Seconds a storage node may take to answer a request; past it the connection is closed, the node "
              "is marked unreachable for every partition of the server and probed in the background, and each "

@@ -235,7 +235,7 @@ class WaltzServer:
             return
         cfg = self.config.server
         link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water,
-                          limits=(self.config.transport.max_frame_size, cfg.max_locks_per_transaction))
+                          limits=(min(self.config.transport.max_frame_size, 2**31 - 1), cfg.max_locks_per_transaction))
         self._links.add(link)
         partitions = self.partitions
         try:
