@@ -296,6 +296,8 @@ async def test_appends_the_server_refuses_end_with_the_error_and_are_not_retried
             assert fits.events == [("completion", True)] and app.data == {0: fits.data}
             assert "waltz_client_retries_total 0" in client.metrics.render_prometheus()
             assert not [r for r in caplog.records if "closing connection" in r.getMessage()]  # the link never broke
+            logged = [r.getMessage() for r in caplog.records if "such transactions so far" in r.getMessage()]
+            assert len(logged) == 2 and "(2 such transactions so far)" in logged[1]  # the 1st and 2nd of 3
 
 
 async def test_large_transactions_in_flight_together_all_commit(tmp_path) -> None:

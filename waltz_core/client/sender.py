@@ -77,6 +77,8 @@ class Sender:
         #: the data and locks a transaction may carry (the frames that carry it need the headroom)
         self._max_frame = ctx.config.transport.max_frame_size
         self._max_append_body = self._max_frame - m.TRANSACTION_FRAME_HEADROOM
+        #: transactions that ended refused (a server's smaller limits, its refusals): logged 1st, 2nd, 4th, ...
+        self._refusals = 0
         self._m_lock_failures = lock_failures
         self._m_retries = retries
         #: contexts to execute again, with their executions so far: a deque the retry workers
@@ -262,7 +264,7 @@ class Sender:
             f"{type(context).__name__} (partition {p.id}) carries {body} bytes of data and locks; the server "
             f"{link.endpoint} takes {limit} (its transport.max_frame_size is smaller than this "
             f"client's {self._max_frame}: keep it the same on every client, server and storage node)")
-        log.warning("client %d: %s", self._ctx.client_id, exc)
+        self._log_refusal("%s", exc)
         self._ctx.notify_soon(context.on_exception, exc)
         return True
 
@@ -297,10 +299,18 @@ class Sender:
         """The server will never take this append: its transaction ends with the error, no retry."""
         p.release_slot()
         exc = error_from_wire(decision.error_code, decision.message)
-        log.warning("client %d: partition %d refused an append of %s: %s", self._ctx.client_id, p.id,
-                    type(decision.entry.item).__name__, exc)
+        self._log_refusal("partition %d refused an append of %s: %s", p.id, type(decision.entry.item).__name__, exc)
         self._ctx.notify_soon(decision.entry.item.on_exception, exc)
         self._ctx.ping()
+
+    def _log_refusal(self, text: str, *args: object) -> None:
+        """Log a transaction ended for its size or locks: the 1st, 2nd, 4th, 8th, ... (the
+        application hears each one in ``on_exception``; an application that keeps making them
+        must not flood the log)."""
+        self._refusals += 1
+        if self._refusals & (self._refusals - 1) == 0:
+            log.warning("client %d: " + text + " (%d such transactions so far)", self._ctx.client_id, *args,
+                        self._refusals)
 
     def release_lock_waits(self, p: Partition) -> None:
         """After an apply batch: lock-failed appends whose conflict the application applied go again."""
