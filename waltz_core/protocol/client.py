@@ -61,10 +61,10 @@ PROTOCOL: Final = b"L"
 #: negotiated 2, so version-1 servers keep getting one TransactionDataRequest per transaction.
 #: 3 adds FeedDataBatch (TYPE 25): the server sends the feed records of a commit in one frame
 #: on a stream link that negotiated 3, and FeedData one by one on the others.
-#: 4 adds AppendRefused (TYPE 26): the server answers an append it will not take (too large, too
-#: many locks) on a link that negotiated 4, where it drops the append and logs it on the others;
-#: and the limits RPC (TYPE 27/28), which a client sends first on a stream link that negotiated 4
-#: (a frame above the server's limit would close the connection, again at every retry).
+#: 4 adds AppendRefused (TYPE 26): on a link that negotiated 4 the server answers an append it
+#: will not take (too large, too many locks); on the others it drops the append and logs it. And
+#: the limits RPC (TYPE 27/28), which a client sends first on a stream link that negotiated 4 (a
+#: frame above the server's limit would close the connection, again at every retry).
 VERSIONS: Final = (1, 2, 3, 4)
 DATA_RANGE_VERSION: Final = 2
 FEED_BATCH_VERSION: Final = 3
