@@ -61,6 +61,12 @@ _AHEAD = SessionState.AHEAD
 _INACTIVE = SessionState.INACTIVE
 
 
+def _append_body(builder: TransactionBuilder) -> int:
+    """What a transaction's append carries that the frame's headroom does not: data and locks."""
+    return len(builder.data) + m.APPEND_LOCK_SIZE * (len(builder.write_locks) + len(builder.read_locks) +
+                                                     len(builder.append_locks))
+
+
 def _expired(context: TransactionContext, attempts: int) -> bool:
     # The expiry check is the context's own (it knows its clock); its name is private because the
     # public names of a TransactionContext belong to the application's subclass.
@@ -173,8 +179,7 @@ class Sender:
         """TransactionTooLargeError for data and locks that no frame could carry: sent, the append
         would break the link (a frame that cannot be written) or the partition (a record no
         replica link can carry), and neither would tell the submitter."""
-        body = len(builder.data) + m.APPEND_LOCK_SIZE * (len(builder.write_locks) + len(builder.read_locks) +
-                                                         len(builder.append_locks))
+        body = _append_body(builder)
         if body > self._max_append_body:
             raise TransactionTooLargeError(
                 f"{type(context).__name__} (partition {builder.partition_id}) carries {len(builder.data)} bytes "
@@ -255,8 +260,7 @@ class Sender:
         """True, and the transaction ends with TransactionTooLargeError, if it carries more than the
         partition's server takes (it allows smaller frames than this client): the frame would close
         the stream connection, again at every retry."""
-        body = len(builder.data) + m.APPEND_LOCK_SIZE * (len(builder.write_locks) + len(builder.read_locks) +
-                                                         len(builder.append_locks))
+        body = _append_body(builder)
         if body <= limit:
             return False
         p.release_slot()
