@@ -47,17 +47,19 @@ async def read_client_messages(link: ClientLink, partitions: Mapping[int, Partit
     # Most frames are appends: their decoder without the family's dispatch call (client links
     # speak the client family, whose decode is m.CODEC's).
     append_kind, decode_append = append_type.TYPE, m.CODEC.decoder_of(append_type)
+    limits_request = m.ServerLimitsRequest
     while True:
         frame = await recv()
         # ProtocolError for bytes that do not decode
         msg: Any = decode_append(frame) if frame and frame[0] == append_kind else decode(frame)
         t = type(msg)
-        if t is not append_type and t in ADMIN_REQUESTS:  # an append (most messages) is not one
-            admin(msg, link)
-            continue
-        if t is m.ServerLimitsRequest:  # answered here, before the mounts that follow it
-            link.post(m.ServerLimitsResponse(msg.req_id, *link.limits))
-            continue
+        if t is not append_type:  # an append (most messages) is neither of these
+            if t in ADMIN_REQUESTS:
+                admin(msg, link)
+                continue
+            if t is limits_request:  # answered here, before the mounts that follow it
+                link.post(m.ServerLimitsResponse(msg.req_id, *link.limits))
+                continue
         partition = partitions.get(msg.req_id.partition_id)
         if partition is not None:
             full = partition.offer(msg, link)
