@@ -156,6 +156,7 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
     _s.StorageAppendManyRequest: append_many_requests(),
     _s.AppendManyResponse: st.builds(  # (index, error code, message) of each refused append
         _s.AppendManyResponse, *_head, st.lists(st.tuples(i32, i32, text), max_size=4).map(tuple)),
+    _s.OpenResponse: st.builds(_s.OpenResponse, *_head, i32),
 }
 
 _a = admin

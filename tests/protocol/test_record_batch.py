@@ -95,12 +95,13 @@ def test_record_list_response_round_trip_and_version() -> None:
     assert sm.StorageAppendRequest(1, 2, 3, _sample()).records == batch
     assert RecordBatch.of(batch) is batch
     assert RECORD_HEAD is STORED_RECORD_HEAD  # one definition of the record layout
-    assert STORAGE.versions == (3, 4)  # 4: appends of several partitions; 3: numeric error codes; batches since 2
+    # 5: the node's frame limit; 4: appends of several partitions; 3: numeric error codes; batches since 2
+    assert STORAGE.versions == (3, 4, 5)
 
 
 @pytest.mark.parametrize("old", [1, 2])
 def test_an_older_peer_fails_the_handshake_clearly(old: int) -> None:
-    with pytest.raises(HandshakeError, match=rf"no common protocol version.*we speak \[3, 4\], it speaks \[{old}\]"):
+    with pytest.raises(HandshakeError, match=rf"no common protocol version.*we speak \[3, 4, 5\], it speaks \[{old}\]"):
         negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "storage-node"), Hello(sm.PROTOCOL, (old,), "old-server"))
 
 
@@ -109,7 +110,8 @@ def test_a_version_3_peer_is_spoken_to_in_version_3() -> None:
     sends every append alone (StorageClient checks the version)."""
     assert negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "storage-node"), Hello(sm.PROTOCOL, (3,), "old-server")) == 3
     assert negotiate(Hello(sm.PROTOCOL, (3,), "old-node"), Hello(sm.PROTOCOL, sm.VERSIONS, "server")) == 3
-    assert negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "node"), Hello(sm.PROTOCOL, sm.VERSIONS, "server")) == 4
+    assert negotiate(Hello(sm.PROTOCOL, (3, 4), "node"), Hello(sm.PROTOCOL, sm.VERSIONS, "server")) == 4
+    assert negotiate(Hello(sm.PROTOCOL, sm.VERSIONS, "node"), Hello(sm.PROTOCOL, sm.VERSIONS, "server")) == 5
 
 
 # ------------------------------------------------------------------------- malformed batches

@@ -306,6 +306,38 @@ async def test_a_record_no_replica_link_could_carry_is_refused_and_the_partition
         assert cl.servers[0].partitions[0].store.session is not None  # the store session never broke
 
 
+async def test_storage_nodes_with_smaller_frames_than_the_server_bound_its_transactions(tmp_path: Path,
+                                                                                       caplog) -> None:
+    """Storage nodes whose ``transport.max_frame_size`` is below the server's: before storage
+    protocol 5 the server sent them a record over their limit, each node closed the connection
+    (failing every partition's appends on it), in every new session, and the partition never
+    committed again. Now the nodes tell their limit in the answer to the open, and the server
+    refuses a record they could not take, as one over its own limit."""
+    node_frame = 8192
+    spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", max_frame_size=4 * node_frame,
+                       storage_max_frame_size=node_frame)
+    with caplog.at_level("WARNING", logger="waltz.server"):
+        async with InProcessCluster(spec) as cl:
+            a = await connect(cl, 1)
+            await a.mount()
+            await a.append(b"before")
+            largest = node_frame - m.TRANSACTION_FRAME_HEADROOM
+            q = await a.append(bytes(largest + 1))
+            refusal = await a.until(m.AppendRefused, q)
+            assert isinstance(error_from_wire(refusal.error_code, refusal.message), TransactionTooLargeError)
+            assert (f"{largest + 1} bytes of data, over the {largest} a record may carry with "
+                    f"transport.max_frame_size = {node_frame} on a storage node") in refusal.message
+            await a.append(bytes(largest))
+            await a.append(b"after", write=(3,))
+            assert await a.flush() == 2
+            assert [f.req_id.seq_num for f in a.feed] == [2, 4, 5]
+            store = cl.servers[0].partitions[0].store
+            assert store.frame_limit == node_frame
+            assert store.sessions_started == 1  # no replica ever left the session
+    warned = [r.getMessage() for r in caplog.records if "take frames of at most" in r.getMessage()]
+    assert len(warned) == 1 and f"less than this server's transport.max_frame_size = {4 * node_frame}" in warned[0]
+
+
 async def test_an_append_with_more_locks_than_the_server_takes_is_refused(tmp_path: Path) -> None:
     spec = ClusterSpec(tmp_path, num_partitions=1, transport="tcp", server_overrides={"max_locks_per_transaction": 4})
     async with InProcessCluster(spec) as cl:

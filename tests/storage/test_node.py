@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from waltz_core.errors import (
@@ -168,8 +169,10 @@ async def test_oversize_frame_is_refused_and_other_requests_continue(harness: No
     await _ready(harness, 0)
     c = await harness.client()
     huge = make_record(0, b"x" * (2 * 1024 * 1024))  # above the 1 MiB max frame
-    with pytest.raises(FrameTooLargeError, match="exceeds the maximum"):
-        await c.append(1, 0, [huge])
+    with pytest.raises(StorageError, match=r"its transport\.max_frame_size is 1048576"):
+        await c.append(1, 0, [huge])  # the client knows the node's limit (protocol 5): nothing is sent
+    with pytest.raises(FrameTooLargeError, match="exceeds the maximum"):  # past that check: the transport's
+        await c._p.request(9, sm.StorageAppendRequest(1, 9, 0, [huge]))
     await c.append(1, 0, make_records(0, 1))
     assert await c.max_transaction_id(1, 0) == 0
 
@@ -438,7 +441,7 @@ async def test_appends_of_several_partitions_in_one_message_get_one_answer(harne
     index, and every other one is durable."""
     await _ready(harness, 0, 1, 2)
     conn = await harness.transport.connect(harness.data_listener.address)
-    ch = await MessageChannel.open(conn, STORAGE, "test")
+    ch = await MessageChannel.open(conn, attrs.evolve(STORAGE, versions=(3, 4)), "test")
     assert ch.version == 4
     await ch.send(sm.StorageAppendManyRequest(-1, 3, -1, ()))  # before the open request
     refused = await ch.recv()

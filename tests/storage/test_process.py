@@ -21,6 +21,7 @@ import pytest
 
 from waltz_core.config import TransportConfig
 from waltz_core.errors import ConnectionClosedError, FrameTooLargeError, ProtocolError, StorageError
+from waltz_core.protocol import storage as sm
 from waltz_core.runtime import Runtime
 from waltz_core.storage.client import StorageClient
 from waltz_core.testing import require
@@ -129,8 +130,12 @@ async def test_real_process_admin_data_http_and_kill(storage_process: StoragePro
     # Oversize: the node's max frame is 64 KiB; the tcp transport closes that link (its contract), the
     # node logs why, and every other link keeps being served.
     big = await StorageClient.connect(transport, sp.data, sp.key, 2)
-    with pytest.raises((FrameTooLargeError, ProtocolError, ConnectionClosedError)):
+    assert big.max_frame_size == 64 * 1024  # the node said so in its answer to the open (protocol 5)
+    with pytest.raises(StorageError, match=r"its transport\.max_frame_size is 65536"):
         await big.append(1, 1, [make_record(0, b"y" * 100_000)])
+    assert not big.closed  # refused before sending
+    with pytest.raises((FrameTooLargeError, ProtocolError, ConnectionClosedError)):  # sent past that check
+        await big._p.request(99, sm.StorageAppendRequest(1, 99, 1, [make_record(0, b"y" * 100_000)]))
     assert big.closed
     assert await client.max_transaction_id(1, 0) == 119
     await big.close()

@@ -99,6 +99,8 @@ class ClusterSpec:
     transport_options: dict[str, Any] = attrs.Factory(dict)
     #: ``[transport] max_frame_size`` of every process, the client's included; None: the default
     max_frame_size: int | None = None
+    #: ``[transport] max_frame_size`` of the storage nodes alone (tests of mismatched limits); None: as above
+    storage_max_frame_size: int | None = None
     coordination: CoordinationConfig | None = None
     cluster_name: str = "waltz-local"
     server_overrides: dict[str, Any] = attrs.Factory(dict)
@@ -167,12 +169,13 @@ class ClusterSpec:
 
     # ---------------------------------------------------------------------------- config files
 
-    def _common(self, client: bool = False) -> dict[str, dict[str, Any]]:
+    def _common(self, client: bool = False, storage: bool = False) -> dict[str, dict[str, Any]]:
         coord = self.coordination
         assert coord is not None
         transport: dict[str, Any] = {"name": self.transport}
-        if self.max_frame_size is not None:
-            transport["max_frame_size"] = self.max_frame_size
+        max_frame_size = self.storage_max_frame_size if storage and self.storage_max_frame_size else self.max_frame_size
+        if max_frame_size is not None:
+            transport["max_frame_size"] = max_frame_size
         options = self.client_transport_options if client and self.client_transport_options is not None \
             else self.transport_options
         if options:
@@ -205,7 +208,7 @@ class ClusterSpec:
             path = self.directory / f"{name}.toml"
             data = {"storage": {"host": host, "port": port, "admin_port": admin,
                                 "directory": str(self.directory / name), **self.storage_overrides},
-                    "http": self._http_section(host, http), **self._common(), **self._security()}
+                    "http": self._http_section(host, http), **self._common(storage=True), **self._security()}
             path.write_text(to_toml(data))
             self.storages.append(NodeSpec(name, path, address(host, port), http if self.http else 0))
         for i in range(self.num_servers):

@@ -22,6 +22,11 @@ server sends the batches its partitions have ready for one node together, so a r
 with many partitions is one request and one answer instead of one per partition. Versions 3 and
 4 are spoken; with a version-3 peer every append goes alone. An older peer fails the handshake.
 
+Version 5 adds ``OpenResponse``, the node's answer to ``OpenRequest`` on a version-5 connection
+(``SuccessResponse`` before): it carries the node's ``transport.max_frame_size``. A server whose
+frames may be larger than its node's sends that node no append it would refuse (the node closes
+a connection whose peer sends a frame over its limit, and every partition's appends on it fail).
+
 Hand-written fast paths, registered as overrides of the generic codec and equivalent to it: the
 record batches of ``StorageAppendRequest`` and ``RecordListResponse`` (head and batch head in
 one struct), and the decoding of ``SuccessResponse`` (an append's acknowledgement).
@@ -68,7 +73,11 @@ from .wire import (
 )
 
 PROTOCOL: Final = b"S"
-VERSIONS: Final = (3, 4)  #: 4: appends of several partitions in one message; 3: numeric error codes in failures
+#: 5: the node's frame limit in the answer to an open; 4: appends of several partitions in one
+#: message; 3: numeric error codes in failures
+VERSIONS: Final = (3, 4, 5)
+#: the version whose open answer carries the node's frame limit
+LIMITS_VERSION: Final = 5
 
 #: Bytes a storage append adds around its batch (38 alone, 53 as the one batch of a message of
 #: several partitions; tests/protocol/test_frame_headroom.py): a batch of at most
@@ -314,12 +323,24 @@ class AppendManyResponse:
     failures: Annotated[tuple[tuple[int, int, str], ...], Array(Tuple(INT32, INT32, STRING))] = ()
 
 
+@attrs.frozen(slots=True)
+class OpenResponse:
+    """The answer to an :class:`OpenRequest` (version 5; ``SuccessResponse`` before), with the
+    node's limit: the server sends it no frame above it."""
+
+    TYPE: ClassVar[int] = 21
+    session_id: int
+    seq_num: int
+    partition_id: int
+    max_frame_size: Annotated[int, INT32]  #: the node's ``transport.max_frame_size``
+
+
 StorageMessage: TypeAlias = (
     OpenRequest | LastSessionInfoRequest | LastSessionInfoResponse | SetLowWaterMarkRequest | TruncateRequest |
     StorageAppendRequest | SuccessResponse | FailureResponse | RecordHeaderRequest | RecordHeaderResponse |
     RecordRequest | RecordResponse | MaxTransactionIdRequest | MaxTransactionIdResponse | RecordHeaderListRequest |
     RecordHeaderListResponse | RecordListRequest | RecordListResponse | StorageAppendManyRequest |
-    AppendManyResponse
+    AppendManyResponse | OpenResponse
 )
 #: every message class, in TYPE order (the alias above is the one list of them)
 MESSAGES: Final[tuple[type, ...]] = typing.get_args(StorageMessage)

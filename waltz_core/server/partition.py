@@ -57,6 +57,8 @@ class StoreSink(Protocol):
 
     def on_session_reset(self, high_water_mark: int) -> None: ...
 
+    def on_frame_limit(self, max_frame_size: int) -> None: ...
+
 
 class Store(Protocol):
     """The replicated store of one partition, as the partition uses it (see :mod:`.store`)."""
@@ -143,6 +145,9 @@ class Partition:
         self._range_max_bytes = max(1, min(DATA_RANGE_MAX_BYTES, max_frame_size // 4))
         #: the most data a record may carry: more, and no link to a replica could take it
         self._max_record_data = max_frame_size - m.TRANSACTION_FRAME_HEADROOM
+        self._max_frame_size = max_frame_size
+        #: whose frame limit bounds a record, for the refusal's message
+        self._record_bound = f"transport.max_frame_size = {max_frame_size} on the server"
         self._max_locks = config.max_locks_per_transaction
         self.refused = 0  #: appends refused (too large, too many locks) since the partition opened here
         self.high_water_mark = -1
@@ -227,8 +232,8 @@ class Partition:
             if len(msg.data) > self._max_record_data:
                 self._refuse(msg, link, TransactionTooLargeError(
                     f"{len(msg.data)} bytes of data, over the {self._max_record_data} a record may carry with "
-                    f"transport.max_frame_size = {self._max_record_data + m.TRANSACTION_FRAME_HEADROOM} on the "
-                    f"server; the client's max_frame_size must not be above the servers' and storage nodes'"))
+                    f"{self._record_bound}; the client's max_frame_size must not be above the servers' and "
+                    f"storage nodes'"))
                 return None
             # An append without locks while the append task is idle (so nothing is queued ahead
             # of it: every put below clears the flag) is decided here, in the reader's call: one
@@ -509,6 +514,15 @@ class Partition:
                 if e[5] is not no_locks:
                     locks.commit(e[5], e[0])
         return frames
+
+    def on_frame_limit(self, max_frame_size: int) -> None:
+        """The store's replicas take frames of at most ``max_frame_size`` (a storage node's limit
+        below the server's): records that would not fit are refused from now on."""
+        frame = min(max_frame_size, self._max_frame_size)
+        self._max_record_data = frame - m.TRANSACTION_FRAME_HEADROOM
+        self._record_bound = (f"transport.max_frame_size = {self._max_frame_size} on the server"
+                              if frame == self._max_frame_size else
+                              f"transport.max_frame_size = {frame} on a storage node of the partition")
 
     def on_session_reset(self, high_water_mark: int) -> None:
         """A new store session recovered ``high_water_mark``: commit what it kept, fail the rest."""

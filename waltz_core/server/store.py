@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from itertools import islice
@@ -92,6 +93,8 @@ class StoreSink(Protocol):
     def on_committed(self, high_water_mark: int) -> None: ...
 
     def on_session_reset(self, high_water_mark: int) -> None: ...
+
+    def on_frame_limit(self, max_frame_size: int) -> None: ...
 
 
 ReplicaConnector = Callable[[str], Awaitable[ReplicaApi | None]]
@@ -350,6 +353,9 @@ class StoreSession:
         self.streamers: list[_ReplicaSession] = []  #: replicas in streaming mode
         self._pump_scheduled = False
         self.stopped = False
+        #: bytes of records one append carries at most: the store's bound, lowered to the smallest
+        #: frame limit of the session's replicas once they are known (see ReplicatedStore)
+        self.max_batch_bytes = store.max_batch_bytes
 
     # ----------------------------------------------------------------------------- appending
 
@@ -395,7 +401,7 @@ class StoreSession:
         if last is not None and last.first_transaction_id == first and len(last) == end - start:
             return last
         data = b"".join(islice(buf, start, end))
-        limit = self.store.max_batch_bytes
+        limit = self.max_batch_bytes
         if len(data) > limit:  # rare: large records in flight together; a joined batch is cheaper than sizing each
             size, stop = len(buf[start]), start + 1
             while stop < end and size + len(buf[stop]) <= limit:
@@ -411,7 +417,12 @@ class StoreSession:
             if peer is not reader and peer.clean and peer.acked >= first:
                 records = await peer.api.record_list(self.session_id, self.partition_id, first, max_count)
                 if records:
-                    return RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
+                    batch = RecordBatch.of(records)  # a storage client's list is a batch already: no re-encoding
+                    if batch.nbytes > self.max_batch_bytes and len(batch) > 1:
+                        # The peer bounds its list by its own frame limit; the append must fit the
+                        # session's. offsets[k] is the size of the first k records.
+                        batch = batch[:max(1, bisect_right(batch.offsets, self.max_batch_bytes) - 1)]
+                    return batch
         raise PartitionNotReadyError(f"partition {self.partition_id}: no replica can serve records from {first}")
 
     # ------------------------------------------------------------------------------- commits
@@ -500,6 +511,10 @@ class ReplicatedStore:
         #: (several large transactions in flight) must not make a frame the link refuses, which
         #: would end the session, and the next, for ever (at least one record always goes)
         self.max_batch_bytes = max_frame_size - sm.APPEND_BATCH_HEADROOM
+        self.max_frame_size = max_frame_size
+        #: the smallest frame limit of the replicas of the last session begun (the server's own
+        #: when every node takes as much); the partition takes no record above it
+        self.frame_limit = max_frame_size
         #: replicas -> acknowledgements that commit (the server asks waltz_commit_quorum once)
         self.commit_quorum = commit_quorum
         #: the server's, shared with its other partitions; one of our own when standing alone (tests)
@@ -711,6 +726,7 @@ class ReplicatedStore:
                 f"were reachable when session {session_id} started ({sorted(session.replicas)})")
         if self._closed:
             return  # closed while recovering: start nothing
+        self._apply_frame_limit(session)
         for rs in session.replicas.values():
             rs.start_task()
         self.high_water_mark = result.high_water_mark
@@ -723,6 +739,24 @@ class ReplicatedStore:
             self._sink.on_session_reset(result.high_water_mark)
         self._notify()
         self._roll_over_if_reassigned()  # the assignment changed while this session was recovering
+
+    def _apply_frame_limit(self, session: StoreSession) -> None:
+        """Bound the session's appends by the smallest frame limit of its replicas' nodes (storage
+        protocol 5 tells it): a frame over a node's limit makes it close the connection, and
+        every partition's appends on that connection fail. The partition hears of a change: it
+        refuses records no replica of the session could take, instead of stopping on them."""
+        limits = {endpoint: limit for endpoint, rs in session.replicas.items()
+                  if (limit := getattr(rs.api, "max_frame_size", None)) is not None and limit < self.max_frame_size}
+        frame = min(limits.values(), default=self.max_frame_size)
+        session.max_batch_bytes = frame - sm.APPEND_BATCH_HEADROOM
+        if frame != self.frame_limit:
+            self.frame_limit = frame
+            if limits:
+                log.warning("partition %d: storage node(s) %s take frames of at most %s bytes, less than this "
+                            "server's transport.max_frame_size = %d: transactions are limited to the smallest",
+                            self.partition_id, ", ".join(sorted(limits)), min(limits.values()), self.max_frame_size)
+            if self._sink is not None:
+                self._sink.on_frame_limit(frame)
 
     # ---------------------------------------------------------------------- session events
 

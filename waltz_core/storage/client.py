@@ -272,8 +272,35 @@ class StorageClient:
         self._queued: list[tuple[int, int, RecordBatch]] = []
         self._queued_done: list[Callable[[WaltzError | None], None]] = []
         self._queued_bytes = 0
+        #: the node's frame limit, if it told (storage protocol 5)
+        self.node_max_frame_size: int | None = None
+        self._limit(max_frame_size)
+
+    def _limit(self, max_frame_size: int) -> None:
+        #: the largest frame this connection carries: ours, or the node's if smaller
+        self.max_frame_size = max_frame_size
+        #: bytes of records one append may carry (more, and the node would close the connection)
+        self.max_batch_bytes = max_frame_size - sm.APPEND_BATCH_HEADROOM
         #: bytes of batches one message of several appends carries at most (a larger batch goes alone)
         self._many_max_bytes = max(1, min(MANY_APPENDS_MAX_BYTES, max_frame_size // 2))
+
+    def _node_limit(self, max_frame_size: int) -> None:
+        """The node's frame limit from its answer to the open: ours is lowered to it."""
+        if max_frame_size <= sm.APPEND_BATCH_HEADROOM:
+            raise ProtocolError(f"storage {self.address} announced a max_frame_size of {max_frame_size} bytes, "
+                                f"too small to carry an append")
+        self.node_max_frame_size = max_frame_size
+        if max_frame_size < self.max_frame_size:
+            self._limit(max_frame_size)
+
+    def _too_large(self, records: RecordBatch) -> StorageError:
+        what = (f"an append of {records.nbytes} bytes of records (transaction {records.first_transaction_id}"
+                f"{'' if len(records) == 1 else f' and {len(records) - 1} more'})")
+        node = self.node_max_frame_size
+        if node is None or node > self.max_frame_size:
+            return StorageError(f"{what} is over this process's transport.max_frame_size = {self.max_frame_size}")
+        return StorageError(f"{what} is over what storage {self.address} takes: its transport.max_frame_size is "
+                            f"{node}; give the storage nodes the servers' max_frame_size")
 
     @classmethod
     async def connect(cls, transport: Transport, address: str, cluster_key: uuid.UUID, num_partitions: int,
@@ -288,7 +315,9 @@ class StorageClient:
         client = cls(_Pipeline(channel, (sm.FailureResponse,), request_timeout, on_failure), address,
                      getattr(transport, "max_frame_size", 16 * 1024 * 1024))
         try:
-            await client._p.request(-1, sm.OpenRequest(-1, -1, -1, cluster_key, num_partitions))
+            opened = await client._p.request(-1, sm.OpenRequest(-1, -1, -1, cluster_key, num_partitions))
+            if type(opened) is sm.OpenResponse:
+                client._node_limit(opened.max_frame_size)
         except BaseException:
             await client.close()
             raise
@@ -327,10 +356,13 @@ class StorageClient:
 
     async def append(self, session_id: int, partition_id: int, records: RecordBatch | Sequence[Record], *,
                      offline: bool = False) -> None:
-        """Durable on the node when this returns. A batch is sent as it is; Records are encoded first."""
+        """Durable on the node when this returns. A batch is sent as it is; Records are encoded first.
+        StorageError, without sending, if the batch is over the node's frame limit."""
+        batch = RecordBatch.of(records)
+        if batch.nbytes > self.max_batch_bytes:
+            raise self._too_large(batch)
         seq = self._p.next_seq()
-        await self._p.request(seq, sm.StorageAppendRequest(session_id, seq, partition_id, RecordBatch.of(records),
-                                                           offline))
+        await self._p.request(seq, sm.StorageAppendRequest(session_id, seq, partition_id, batch, offline))
 
     def append_nowait(self, session_id: int, partition_id: int, records: RecordBatch,
                       done: Callable[[WaltzError | None], None]) -> None:
@@ -346,7 +378,12 @@ class StorageClient:
         :meth:`send_appends`, which the caller calls once it has made the appends of a loop
         step, and which runs after the callbacks of every answer (they append the next batches)
         and, failing both, from a loop callback. So every partition's batch of a round shares
-        one message and one answer."""
+        one message and one answer.
+
+        Raises StorageError, without sending, for a batch over the node's frame limit: sent, it
+        would close the connection, and every partition's appends on it would fail."""
+        if records.nbytes > self.max_batch_bytes:
+            raise self._too_large(records)
         p = self._p
         if not self._many:
             seq = p.next_seq()

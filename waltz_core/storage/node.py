@@ -1273,7 +1273,11 @@ class StorageNode:
                         send(failure_for(msg, exc))
                         continue
                     opened = True
-                    send(sm.SuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
+                    if channel.version >= sm.LIMITS_VERSION:  # our limit: the server sends no frame above it
+                        send(sm.OpenResponse(msg.session_id, msg.seq_num, msg.partition_id,
+                                             min(self.max_frame_size, 2**31 - 1)))
+                    else:
+                        send(sm.SuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
                     continue
                 if t not in served:
                     send(failure_for(msg, ProtocolError(f"{t.__name__} is a response; a storage node serves requests")))

@@ -1,0 +1,106 @@
+"""The node's frame limit (storage protocol 5): a node answers the open with its
+``transport.max_frame_size``, and a client whose own limit is larger sends it no append over it.
+Sent, such a frame would make the node close the connection, and every partition's appends on
+that connection would fail, at every retry."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from waltz_core.errors import StorageError, WaltzError
+from waltz_core.protocol import STORAGE
+from waltz_core.protocol import storage as sm
+from waltz_core.protocol.wire import RecordBatch
+from waltz_core.storage import node as node_module
+from waltz_core.storage.client import StorageClient
+from waltz_transport_tcp.transport import TcpTransport
+
+from .conftest import NodeHarness, make_record, make_records
+
+pytestmark = pytest.mark.timeout(30)
+
+NODE_FRAME = 64 * 1024
+CLIENT_FRAME = 1024 * 1024
+
+
+@pytest.fixture
+async def small_node(tmp_path: Path) -> AsyncIterator[NodeHarness]:
+    """A node that takes frames of 64 KiB, on tcp."""
+    h = NodeHarness(tmp_path / "storage", uuid.uuid4(), transport=TcpTransport(max_frame_size=NODE_FRAME))
+    await h.start()
+    await (await h.admin()).set_assignment([0], True)
+    try:
+        yield h
+    finally:
+        await h.stop()
+        await h.transport.aclose()
+
+
+@pytest.fixture
+async def client_transport() -> AsyncIterator[TcpTransport]:
+    t = TcpTransport(max_frame_size=CLIENT_FRAME)
+    try:
+        yield t
+    finally:
+        await t.aclose()
+
+
+async def _connect(node: NodeHarness, transport: TcpTransport) -> StorageClient:
+    client = await StorageClient.connect(transport, node.data_listener.address, node.cluster_key, 4)
+    node.clients.append(client)
+    return client
+
+
+async def test_the_client_takes_the_nodes_smaller_limit_and_sends_no_append_over_it(
+        small_node: NodeHarness, client_transport: TcpTransport) -> None:
+    client = await _connect(small_node, client_transport)
+    assert client.node_max_frame_size == NODE_FRAME
+    assert client.max_frame_size == NODE_FRAME
+    assert client.max_batch_bytes == NODE_FRAME - sm.APPEND_BATCH_HEADROOM
+    await client.append(1, 0, make_records(0, 3))
+    large = RecordBatch.from_records([make_record(3, bytes(NODE_FRAME))])
+    with pytest.raises(StorageError, match=f"its transport.max_frame_size is {NODE_FRAME}"):
+        await client.append(1, 0, large)
+    answered: list[WaltzError | None] = []
+    with pytest.raises(StorageError, match=f"over what storage {client.address} takes"):
+        client.append_nowait(1, 0, large, answered.append)
+    assert answered == []  # raised instead: the caller's replica leaves its session at once
+    # Nothing was sent: the connection goes on, and the node has what it had.
+    assert not client.closed
+    done: asyncio.Future[WaltzError | None] = asyncio.get_running_loop().create_future()
+    client.append_nowait(1, 0, RecordBatch.from_records(make_records(3, 2)), done.set_result)
+    assert await done is None
+    assert await client.max_transaction_id(1, 0) == 4
+
+
+async def test_a_batch_at_the_nodes_limit_is_taken(small_node: NodeHarness, client_transport: TcpTransport) -> None:
+    client = await _connect(small_node, client_transport)
+    overhead = RecordBatch.from_records([make_record(0, b"")]).nbytes
+    fits = RecordBatch.from_records([make_record(0, bytes(client.max_batch_bytes - overhead))])
+    assert fits.nbytes == client.max_batch_bytes
+    await client.append(1, 0, fits)  # the headroom covers the append around it: the node takes the frame
+    assert await client.max_transaction_id(1, 0) == 0
+
+
+async def test_a_node_of_version_4_answers_the_open_as_before_and_the_client_keeps_its_limit(
+        small_node: NodeHarness, client_transport: TcpTransport, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_module, "STORAGE", attrs.evolve(STORAGE, versions=(3, 4)))
+    client = await _connect(small_node, client_transport)
+    assert client._p.channel.version == 4
+    assert client.node_max_frame_size is None and client.max_frame_size == CLIENT_FRAME
+    await client.append(1, 0, make_records(0, 2))
+    assert await client.max_transaction_id(1, 0) == 1
+
+
+async def test_a_node_that_announces_an_impossible_limit_fails_the_connect(
+        small_node: NodeHarness, client_transport: TcpTransport) -> None:
+    assert small_node.node is not None
+    small_node.node.max_frame_size = sm.APPEND_BATCH_HEADROOM
+    with pytest.raises(WaltzError, match="too small to carry an append"):
+        await _connect(small_node, client_transport)
