@@ -157,6 +157,7 @@ STORAGE: dict[type, st.SearchStrategy[Any]] = {
     _s.AppendManyResponse: st.builds(  # (index, error code, message) of each refused append
         _s.AppendManyResponse, *_head, st.lists(st.tuples(i32, i32, text), max_size=4).map(tuple)),
     _s.OpenResponse: st.builds(_s.OpenResponse, *_head, i32),
+    _s.LimitedOpenRequest: st.builds(_s.LimitedOpenRequest, *_head, uuids, i32, i32),
 }
 
 _a = admin

@@ -19,6 +19,7 @@ from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import RecordBatch
 from waltz_core.storage import node as node_module
 from waltz_core.storage.client import StorageClient
+from waltz_core.transport.channel import MessageChannel
 from waltz_transport_tcp.transport import TcpTransport
 
 from .conftest import NodeHarness, make_record, make_records
@@ -104,3 +105,46 @@ async def test_a_node_that_announces_an_impossible_limit_fails_the_connect(
     small_node.node.max_frame_size = sm.APPEND_BATCH_HEADROOM
     with pytest.raises(WaltzError, match="too small to carry an append"):
         await _connect(small_node, client_transport)
+
+
+async def test_a_node_with_larger_frames_answers_reads_within_the_clients(tmp_path: Path) -> None:
+    """A node that takes larger frames than its server answers record lists within half of the
+    server's limit (told by LimitedOpenRequest), not half of its own: a list over the server's
+    limit would close the connection, and every partition's requests on it would fail."""
+    small_frame = 64 * 1024
+    node_transport, client_transport = TcpTransport(max_frame_size=CLIENT_FRAME), TcpTransport(max_frame_size=small_frame)
+    h = NodeHarness(tmp_path / "storage", uuid.uuid4(), transport=node_transport)
+    await h.start()
+    try:
+        await (await h.admin()).set_assignment([0], True)
+        client = await _connect(h, client_transport)
+        assert client.node_max_frame_size == CLIENT_FRAME and client.max_frame_size == small_frame
+        records = [make_record(t, bytes([t]) * 5000) for t in range(100)]  # 500 KB in all
+        for start in range(0, 100, 10):
+            await client.append(1, 0, records[start:start + 10])
+        got: list = []
+        while len(got) < 100:
+            batch = await client.record_list(1, 0, len(got), 100)
+            assert 0 < batch.nbytes <= small_frame // 2
+            got.extend(batch)
+        assert got == records and not client.closed
+        headers = await client.record_header_list(1, 0, 0, 100)
+        assert [hd.transaction_id for hd in headers] == list(range(100))
+    finally:
+        await h.stop()
+        await node_transport.aclose()
+        await client_transport.aclose()
+
+
+async def test_an_open_that_announces_an_impossible_limit_is_refused(small_node: NodeHarness,
+                                                                     client_transport: TcpTransport) -> None:
+    conn = await client_transport.connect(small_node.data_listener.address)
+    channel = await MessageChannel.open(conn, STORAGE, "test")
+    try:
+        await channel.send(sm.LimitedOpenRequest(-1, 1, -1, small_node.cluster_key, 4, 100))
+        refused = await channel.recv()
+        assert isinstance(refused, sm.FailureResponse) and "below the smallest allowed (1024)" in refused.message
+        await channel.send(sm.MaxTransactionIdRequest(1, 2, 0))  # the connection is not open
+        assert "send an OpenRequest" in (await channel.recv()).message
+    finally:
+        await channel.close()

@@ -22,10 +22,11 @@ server sends the batches its partitions have ready for one node together, so a r
 with many partitions is one request and one answer instead of one per partition. Versions 3 and
 4 are spoken; with a version-3 peer every append goes alone. An older peer fails the handshake.
 
-Version 5 adds ``OpenResponse``, the node's answer to ``OpenRequest`` on a version-5 connection
-(``SuccessResponse`` before): it carries the node's ``transport.max_frame_size``. A server whose
-frames may be larger than its node's sends that node no append it would refuse (the node closes
-a connection whose peer sends a frame over its limit, and every partition's appends on it fail).
+Version 5 opens with ``LimitedOpenRequest`` and ``OpenResponse`` (``OpenRequest`` and
+``SuccessResponse`` before), which carry the server's and the node's ``transport.max_frame_size``.
+A process closes a connection whose peer sends a frame over its limit, and every partition's
+requests on it fail: so the server sends the node no append over the node's limit, and the node
+answers the server's reads (record and header lists) within half of the smaller limit.
 
 Hand-written fast paths, registered as overrides of the generic codec and equivalent to it: the
 record batches of ``StorageAppendRequest`` and ``RecordListResponse`` (head and batch head in
@@ -76,7 +77,7 @@ PROTOCOL: Final = b"S"
 #: 5: the node's frame limit in the answer to an open; 4: appends of several partitions in one
 #: message; 3: numeric error codes in failures
 VERSIONS: Final = (3, 4, 5)
-#: the version whose open answer carries the node's frame limit
+#: the version whose open exchange carries both sides' frame limits
 LIMITS_VERSION: Final = 5
 
 #: Bytes a storage append adds around its batch (38 alone, 53 as the one batch of a message of
@@ -324,9 +325,23 @@ class AppendManyResponse:
 
 
 @attrs.frozen(slots=True)
+class LimitedOpenRequest:
+    """:class:`OpenRequest` with the sender's frame limit (version 5): the node answers its reads
+    within it. Answered by :class:`OpenResponse`."""
+
+    TYPE: ClassVar[int] = 22
+    session_id: int
+    seq_num: int
+    partition_id: int
+    cluster_key: Annotated[uuid.UUID, UUID]
+    num_partitions: Annotated[int, INT32]
+    max_frame_size: Annotated[int, INT32]  #: the sender's ``transport.max_frame_size``
+
+
+@attrs.frozen(slots=True)
 class OpenResponse:
-    """The answer to an :class:`OpenRequest` (version 5; ``SuccessResponse`` before), with the
-    node's limit: the server sends it no frame above it."""
+    """The answer to a :class:`LimitedOpenRequest` (version 5), with the node's limit: the server
+    sends it no frame above it."""
 
     TYPE: ClassVar[int] = 21
     session_id: int
@@ -340,7 +355,7 @@ StorageMessage: TypeAlias = (
     StorageAppendRequest | SuccessResponse | FailureResponse | RecordHeaderRequest | RecordHeaderResponse |
     RecordRequest | RecordResponse | MaxTransactionIdRequest | MaxTransactionIdResponse | RecordHeaderListRequest |
     RecordHeaderListResponse | RecordListRequest | RecordListResponse | StorageAppendManyRequest |
-    AppendManyResponse | OpenResponse
+    AppendManyResponse | OpenResponse | LimitedOpenRequest
 )
 #: every message class, in TYPE order (the alias above is the one list of them)
 MESSAGES: Final[tuple[type, ...]] = typing.get_args(StorageMessage)

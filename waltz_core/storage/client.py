@@ -315,9 +315,14 @@ class StorageClient:
         client = cls(_Pipeline(channel, (sm.FailureResponse,), request_timeout, on_failure), address,
                      getattr(transport, "max_frame_size", 16 * 1024 * 1024))
         try:
-            opened = await client._p.request(-1, sm.OpenRequest(-1, -1, -1, cluster_key, num_partitions))
-            if type(opened) is sm.OpenResponse:
+            if channel.version >= sm.LIMITS_VERSION:  # each side learns the other's frame limit
+                opened = await client._p.request(-1, sm.LimitedOpenRequest(
+                    -1, -1, -1, cluster_key, num_partitions, min(client.max_frame_size, 2**31 - 1)))
+                if type(opened) is not sm.OpenResponse:
+                    raise ProtocolError(f"storage {address} answered the open with {type(opened).__name__}")
                 client._node_limit(opened.max_frame_size)
+            else:
+                await client._p.request(-1, sm.OpenRequest(-1, -1, -1, cluster_key, num_partitions))
         except BaseException:
             await client.close()
             raise

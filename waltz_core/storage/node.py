@@ -103,13 +103,16 @@ def _filesystem_bytes(directory: str, *, free: bool) -> float:
 class _Item:
     """A queued unit of partition work: a storage request, or a callable (admin work).
 
-    ``reply`` is called on the event loop with the response (or the callable's result or exception)."""
+    ``reply`` is called on the event loop with the response (or the callable's result or exception).
+    ``read_budget``: bytes a record or header list may take in the answer, from the frame limit of
+    the connection that asked (0: half the node's own)."""
 
-    __slots__ = ("work", "reply")
+    __slots__ = ("work", "reply", "read_budget")
 
-    def __init__(self, work: Any, reply: Callable[[Any], None]) -> None:
+    def __init__(self, work: Any, reply: Callable[[Any], None], read_budget: int = 0) -> None:
         self.work = work
         self.reply = reply
+        self.read_budget = read_budget
 
 
 #: what an I/O thread hands back to the loop: (reply, response) pairs
@@ -846,7 +849,7 @@ class PartitionWorker:
                     group.add(item, work.records)
                     continue
                 settle()
-                response = self._handle(work)
+                response = self._handle(work, item.read_budget or self.node.max_frame_size // 2)
             except WaltzError as exc:
                 self._m_failures.inc()
                 response = failure_for(work, exc)
@@ -913,7 +916,8 @@ class PartitionWorker:
         except ProtocolError as exc:
             raise type(exc)(f"partition {self.partition_id}: {exc}") from None
 
-    def _handle(self, req: Any) -> Any:
+    def _handle(self, req: Any, read_budget: int) -> Any:
+        """The answer to a request other than an append; lists take at most ``read_budget`` bytes."""
         t = type(req)
         head = (req.session_id, req.seq_num, req.partition_id)
         if t is sm.RecordRequest:
@@ -925,7 +929,7 @@ class PartitionWorker:
             store = self._check(req, False)
             # The stored bytes as they are (checked against their record checksums on the way).
             return sm.RecordListResponse(*head, store.read_batch(
-                req.transaction_id, self._list_size(req.max_records), self.node.max_frame_size // 2))
+                req.transaction_id, self._list_size(req.max_records), read_budget))
         if t is sm.RecordHeaderRequest:
             self._m_requests["record_header"].inc()
             store = self._check(req, False)
@@ -934,7 +938,7 @@ class PartitionWorker:
             self._m_requests["record_header_list"].inc()
             store = self._check(req, False)
             # within half a frame, as a record list (the caller asks again for the rest)
-            fit = max(1, self.node.max_frame_size // 2 // RECORD_HEADER.size)
+            fit = max(1, read_budget // RECORD_HEADER.size)
             return sm.RecordHeaderListResponse(*head, tuple(store.read_headers(
                 req.transaction_id, min(self._list_size(req.max_records), fit))))
         if t is sm.MaxTransactionIdRequest:
@@ -1251,6 +1255,7 @@ class StorageNode:
         writer = asyncio.get_running_loop().create_task(_write_loop(channel, outbox))
         opened = False
         served = _SERVED
+        read_budget = 0  # half our frame limit, unless the peer's is smaller (LimitedOpenRequest)
         try:
             while True:
                 try:
@@ -1265,15 +1270,17 @@ class StorageNode:
                     log.info("data connection from %s failed: %s", conn.peer, exc)
                     break
                 t = type(msg)
-                if t is sm.OpenRequest:
+                if t is sm.OpenRequest or t is sm.LimitedOpenRequest:
                     try:
                         self._check_key(msg.cluster_key, msg.num_partitions)
-                    except ClusterKeyMismatchError as exc:
+                        if t is sm.LimitedOpenRequest:
+                            read_budget = self._read_budget(msg.max_frame_size)
+                    except (ClusterKeyMismatchError, ProtocolError) as exc:
                         log.warning("open from %s refused: %s", conn.peer, exc)
                         send(failure_for(msg, exc))
                         continue
                     opened = True
-                    if channel.version >= sm.LIMITS_VERSION:  # our limit: the server sends no frame above it
+                    if t is sm.LimitedOpenRequest:  # our limit: the server sends no frame above it
                         send(sm.OpenResponse(msg.session_id, msg.seq_num, msg.partition_id,
                                              min(self.max_frame_size, 2**31 - 1)))
                     else:
@@ -1290,11 +1297,18 @@ class StorageNode:
                     for part in msg.appends:
                         await self._queue(part, reply)
                 else:
-                    await self._queue(msg, send)
+                    await self._queue(msg, send, read_budget)
         finally:
             await _drain_and_close(channel, outbox, writer)
 
-    async def _queue(self, request: Any, reply: Callable[[Any], None]) -> None:
+    def _read_budget(self, peer_max_frame_size: int) -> int:
+        """Bytes a list in an answer may take on a connection whose peer takes frames of at most
+        ``peer_max_frame_size``: half the smaller limit (0: half ours, the default)."""
+        if peer_max_frame_size < 1024:  # the smallest transport.max_frame_size a process may have
+            raise ProtocolError(f"a max_frame_size of {peer_max_frame_size} bytes is below the smallest allowed (1024)")
+        return peer_max_frame_size // 2 if peer_max_frame_size < self.max_frame_size else 0
+
+    async def _queue(self, request: Any, reply: Callable[[Any], None], read_budget: int = 0) -> None:
         """Queue ``request`` on its partition, whose round answers it through ``reply`` (at once
         for a partition that does not exist)."""
         try:
@@ -1302,7 +1316,7 @@ class StorageNode:
         except WaltzError as exc:
             reply(failure_for(request, exc))
             return
-        item = _Item(request, reply)
+        item = _Item(request, reply, read_budget)
         if not worker.queue.put_nowait(item):
             await worker.queue.put(item)  # waits while the queue is full: back pressure
         worker.io.ring(worker)
