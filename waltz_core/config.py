@@ -51,6 +51,7 @@ import attrs
 
 from .errors import ConfigError
 from .eventloop import EVENT_LOOPS
+from .protocol.framing import MIN_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
     from .plugins import Registries
@@ -106,7 +107,7 @@ class TransportConfig:
 
     name: str = key("tcp", "Transport backend name (a registered transport, see `waltz plugins`).")
     max_frame_size: int = key(16 * 1024 * 1024, "Largest frame accepted or sent, in bytes; larger frames are a protocol error.",
-                              validator=at_least(1024))
+                              validator=at_least(MIN_MAX_FRAME_SIZE))
     connect_timeout: float = key(5.0, "Seconds to wait for a connection to be established.", validator=POSITIVE)
     options: Mapping[str, Mapping[str, Any]] = key(
         {}, "Per-backend option tables, written as [transport.<name>] (validated by that backend's options class)."

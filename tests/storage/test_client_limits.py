@@ -102,8 +102,8 @@ async def test_a_node_of_version_4_answers_the_open_as_before_and_the_client_kee
 async def test_a_node_that_announces_an_impossible_limit_fails_the_connect(
         small_node: NodeHarness, client_transport: TcpTransport) -> None:
     assert small_node.node is not None
-    small_node.node.max_frame_size = sm.APPEND_BATCH_HEADROOM
-    with pytest.raises(WaltzError, match="too small to carry an append"):
+    small_node.node.max_frame_size = 1000
+    with pytest.raises(WaltzError, match=r"announced a max_frame_size of 1000 bytes, below the smallest allowed \(1024\)"):
         await _connect(small_node, client_transport)
 
 

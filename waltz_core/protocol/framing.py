@@ -17,6 +17,8 @@ from ..errors import FrameTooLargeError, ProtocolError
 LENGTH: Final = struct.Struct(">I")
 HEARTBEAT: Final = LENGTH.pack(0)
 DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+#: the smallest ``transport.max_frame_size`` a process may have (and a peer may announce)
+MIN_MAX_FRAME_SIZE: Final = 1024
 
 
 def encode_frame(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:

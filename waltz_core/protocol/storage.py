@@ -74,8 +74,8 @@ from .wire import (
 )
 
 PROTOCOL: Final = b"S"
-#: 5: the node's frame limit in the answer to an open; 4: appends of several partitions in one
-#: message; 3: numeric error codes in failures
+#: 5: both sides' frame limits in the open; 4: appends of several partitions in one message;
+#: 3: numeric error codes in failures
 VERSIONS: Final = (3, 4, 5)
 #: the version whose open exchange carries both sides' frame limits
 LIMITS_VERSION: Final = 5

@@ -37,6 +37,7 @@ from ..errors import (
 from ..protocol import ADMIN, STORAGE, Family
 from ..protocol import admin as am
 from ..protocol import storage as sm
+from ..protocol.framing import MIN_MAX_FRAME_SIZE
 from ..protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
 from ..transport.base import Transport
 from ..transport.channel import MessageChannel
@@ -286,9 +287,9 @@ class StorageClient:
 
     def _node_limit(self, max_frame_size: int) -> None:
         """The node's frame limit from its answer to the open: ours is lowered to it."""
-        if max_frame_size <= sm.APPEND_BATCH_HEADROOM:
+        if max_frame_size < MIN_MAX_FRAME_SIZE:
             raise ProtocolError(f"storage {self.address} announced a max_frame_size of {max_frame_size} bytes, "
-                                f"too small to carry an append")
+                                f"below the smallest allowed ({MIN_MAX_FRAME_SIZE})")
         self.node_max_frame_size = max_frame_size
         if max_frame_size < self.max_frame_size:
             self._limit(max_frame_size)

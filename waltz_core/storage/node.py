@@ -67,6 +67,7 @@ from ..openfiles import FILES_PER_PARTITION, explain, hint, storage_shortfall
 from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
+from ..protocol.framing import MIN_MAX_FRAME_SIZE
 from ..protocol.wire import RECORD_HEADER, Record, RecordBatch, SessionInfo
 from ..timeouts import wait_for
 from ..transport.base import Connection
@@ -1304,8 +1305,9 @@ class StorageNode:
     def _read_budget(self, peer_max_frame_size: int) -> int:
         """Bytes a list in an answer may take on a connection whose peer takes frames of at most
         ``peer_max_frame_size``: half the smaller limit (0: half ours, the default)."""
-        if peer_max_frame_size < 1024:  # the smallest transport.max_frame_size a process may have
-            raise ProtocolError(f"a max_frame_size of {peer_max_frame_size} bytes is below the smallest allowed (1024)")
+        if peer_max_frame_size < MIN_MAX_FRAME_SIZE:
+            raise ProtocolError(f"a max_frame_size of {peer_max_frame_size} bytes is below the smallest allowed "
+                                f"({MIN_MAX_FRAME_SIZE})")
         return peer_max_frame_size // 2 if peer_max_frame_size < self.max_frame_size else 0
 
     async def _queue(self, request: Any, reply: Callable[[Any], None], read_budget: int = 0) -> None:
