@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,13 @@ import pytest
 from waltz_core.config import CoordinationConfig
 from waltz_core.coordination import open_coordination
 from waltz_core.coordination.base import SessionState
-from waltz_core.coordination.local import LocalCoordination, LocalOptions, default_local_directory
+from waltz_core.coordination.local import (
+    DB_FILENAME,
+    LEASE_CLOCK,
+    LocalCoordination,
+    LocalOptions,
+    default_local_directory,
+)
 from waltz_core.errors import CoordinationError, SessionLostError
 from waltz_core.runtime import Runtime
 from waltz_core.testing.conformance.coordination import eventually
@@ -179,3 +186,67 @@ def test_options_come_from_the_coordination_local_table() -> None:
     backend = open_coordination(config, Runtime.load(autoload=False).registries)
     assert isinstance(backend, LocalCoordination)
     assert backend._options.poll_interval == 0.2
+
+
+async def test_a_step_of_the_wall_clock_neither_ends_leases_nor_keeps_a_dead_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leases are on the host's clock since boot: the wall clock jumping an hour ahead (before:
+    every lease ended at once, and every process lost its session) or back (before: a stalled
+    process's lease outlived it by the hour) changes nothing."""
+    live = await started(tmp_path)
+    stalled = await started(tmp_path, timeout=0.6)
+    states: list[SessionState] = []
+    live.add_session_listener(states.append)
+    real = time.time
+    try:
+        await live.create("/live", b"x", ephemeral=True)
+        await stalled.create("/stalled", b"x", ephemeral=True)
+        monkeypatch.setattr(time, "time", lambda: real() + 3600)
+        await asyncio.sleep(1.5)  # several heartbeats and polls after the step
+        assert await live.get("/live") is not None and states == []
+        monkeypatch.setattr(time, "time", lambda: real() - 3600)
+        stalled._tasks[0].cancel()  # its heartbeat stops, as in a frozen process
+
+        async def reaped() -> bool:
+            return await live.get("/stalled") is None
+
+        await eventually(reaped, 5, "the stalled lease ends after its timeout, whatever the wall clock says")
+        assert await live.get("/live") is not None and states == []
+    finally:
+        await stalled.close()
+        await live.close()
+
+
+async def test_sessions_of_another_lease_clock_are_ended_when_the_store_opens(tmp_path: Path) -> None:
+    """A store whose leases were kept on another clock (an earlier boot, whose clock since boot
+    has started again, or the wall clock of an earlier release) cannot compare them with ours:
+    the first process to open it ends those sessions and their ephemeral keys."""
+    first = await started(tmp_path)
+    await first.create("/kept", b"persistent")
+    await first.close()
+    con = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        # An earlier release's process: a wall-clock lease an hour ahead, and its ephemeral key.
+        cur = con.execute("INSERT INTO sessions(expires_at, pid, host) VALUES (?, 1, 'h')", (time.time() + 3600,))
+        con.execute("INSERT INTO nodes(path, parent, value, version, owner) VALUES ('/old-eph', '/', x'', 999, ?)",
+                    (cur.lastrowid,))
+        con.execute("UPDATE meta SET value = 'wall' WHERE name = 'lease_clock'")
+    finally:
+        con.close()
+    second = await started(tmp_path)
+    third = None
+    try:
+        assert await second.get("/old-eph") is None
+        assert await second.get("/kept") is not None
+        await second.create("/eph", b"x", ephemeral=True)
+        third = await started(tmp_path)  # the same clock: nothing of the second's is ended
+        assert await third.get("/eph") is not None
+    finally:
+        if third is not None:
+            await third.close()
+        await second.close()
+    con = sqlite3.connect(tmp_path / DB_FILENAME)
+    try:
+        assert con.execute("SELECT value FROM meta WHERE name = 'lease_clock'").fetchone() == (LEASE_CLOCK,)
+    finally:
+        con.close()

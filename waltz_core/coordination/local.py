@@ -13,10 +13,14 @@ How the protocol maps onto SQLite:
   never blocked), which makes compare-and-set, create-if-absent and counters atomic across
   processes.
 * ``sessions(id, expires_at)``: a session is a row with a lease renewed by a heartbeat task every
-  ``session_timeout / 3``. Leases use the wall clock (``time.time()``), shared by every process of
-  the host. Ephemeral keys carry their session id in ``owner``; whichever process first notices
-  an expired lease deletes the session and its ephemeral keys. A process that finds its own lease
-  expired reports LOST, opens a new session and reports CONNECTED.
+  ``session_timeout / 3``. Leases use the host's monotonic clock since boot (``CLOCK_BOOTTIME``,
+  shared by every process of the host; the wall clock where there is none), so a step of the
+  wall clock (NTP, an operator) neither ends every lease at once nor keeps a dead process's lease
+  for the length of the step. That clock starts again at each boot: the store keeps the boot it
+  was used in (``meta.lease_clock``), and the first process of another boot ends every session
+  of the earlier one. Ephemeral keys carry their session id in ``owner``; whichever process
+  first notices an expired lease deletes the session and its ephemeral keys. A process that
+  finds its own lease expired reports LOST, opens a new session and reports CONNECTED.
 * ``changes(revision, path)``: every write appends the keys it touched; each backend polls the
   latest revision every ``poll_interval`` seconds and calls the watches of changed keys and of
   their parents. If the log was pruned past the last revision seen, every watch fires.
@@ -77,6 +81,23 @@ CREATE TABLE IF NOT EXISTS sequences (parent TEXT PRIMARY KEY, next INTEGER NOT 
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta(name, value) VALUES ('revision', 0);
 """
+
+
+def _lease_clock() -> tuple[Callable[[], float], str]:
+    """The clock leases are kept on, and what names it in the store: the time since boot with
+    the boot's id (Linux), else the wall clock. The wall clock may step (NTP, an operator): back,
+    and a dead process's lease outlives it by the step; forward, and every lease ends at once."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    if boottime is None or not boot_id:
+        return time.time, "wall"
+    return (lambda: time.clock_gettime(boottime)), f"boottime {boot_id}"
+
+
+_lease_now, LEASE_CLOCK = _lease_clock()
 
 
 def default_local_directory() -> Path:
@@ -364,6 +385,7 @@ class LocalCoordination:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         con.execute(statement)
+                self._adopt_lease_clock(con)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -372,6 +394,21 @@ class LocalCoordination:
             con.close()
             raise
         self._con = con
+
+    def _adopt_lease_clock(self, con: sqlite3.Connection) -> None:
+        """Leases kept on another clock (an earlier boot, or the wall clock of an earlier release)
+        cannot be compared with ours: end those sessions, as their processes are gone (a boot) or
+        about to be restarted with this release (every process of a local cluster together)."""
+        row = con.execute("SELECT value FROM meta WHERE name = 'lease_clock'").fetchone()
+        if row is not None and row[0] == LEASE_CLOCK:
+            return
+        sessions = [session_id for (session_id,) in con.execute("SELECT id FROM sessions").fetchall()]
+        if sessions:
+            log.warning("local coordination: %d session(s) in %s hold leases of another clock (%s, now %s): "
+                        "ending them", len(sessions), self.path, row[0] if row else "the wall clock", LEASE_CLOCK)
+        for session_id in sessions:
+            self._reap_session(con, session_id)
+        con.execute("INSERT OR REPLACE INTO meta(name, value) VALUES ('lease_clock', ?)", (LEASE_CLOCK,))
 
     def _journal_mode_wal(self, con: sqlite3.Connection) -> str:
         """Switch the store to WAL. Several processes opening a new store at once race for the
@@ -411,9 +448,10 @@ class LocalCoordination:
 
     def _new_session_sync(self) -> int:
         def txn(con: sqlite3.Connection) -> int:
-            self._reap_expired(con, time.time())
+            now = _lease_now()
+            self._reap_expired(con, now)
             cur = con.execute("INSERT INTO sessions(expires_at, pid, host) VALUES (?, ?, ?)",
-                              (time.time() + self._timeout, os.getpid(), socket.gethostname()))
+                              (now + self._timeout, os.getpid(), socket.gethostname()))
             assert cur.lastrowid is not None
             return cur.lastrowid
 
@@ -422,7 +460,7 @@ class LocalCoordination:
     def _renew_sync(self, session_id: int) -> bool:
         # A lease that already expired stays expired, even if nobody reaped it yet.
         def txn(con: sqlite3.Connection) -> bool:
-            now = time.time()
+            now = _lease_now()
             cur = con.execute("UPDATE sessions SET expires_at = ? WHERE id = ? AND expires_at >= ?",
                               (now + self._timeout, session_id, now))
             if cur.rowcount == 1:
@@ -452,7 +490,7 @@ class LocalCoordination:
 
     def _poll_sync(self, last_revision: int) -> tuple[int, builtins.set[str] | None]:
         con = self._db()
-        now = time.time()
+        now = _lease_now()
         if con.execute("SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (now,)).fetchone():
             self._in_transaction(self._reap_expired, now)
         revision = int(con.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()[0])
@@ -476,7 +514,7 @@ class LocalCoordination:
         if not ephemeral:
             return None
         session_id = self._session_id
-        row = con.execute("SELECT 1 FROM sessions WHERE id = ? AND expires_at >= ?", (session_id, time.time())).fetchone()
+        row = con.execute("SELECT 1 FROM sessions WHERE id = ? AND expires_at >= ?", (session_id, _lease_now())).fetchone()
         if row is None:
             raise SessionLostError(f"local coordination session {session_id} expired; retry after it is re-established")
         return session_id
