@@ -217,36 +217,74 @@ async def test_a_step_of_the_wall_clock_neither_ends_leases_nor_keeps_a_dead_one
         await live.close()
 
 
-async def test_sessions_of_another_lease_clock_are_ended_when_the_store_opens(tmp_path: Path) -> None:
-    """A store whose leases were kept on another clock (an earlier boot, whose clock since boot
-    has started again, or the wall clock of an earlier release) cannot compare them with ours:
-    the first process to open it ends those sessions and their ephemeral keys."""
+async def test_sessions_of_another_boot_are_ended_and_an_earlier_releases_are_judged_by_the_wall_clock(
+        tmp_path: Path) -> None:
+    """Leases taken on the clock since boot of another boot cannot be compared with ours (it
+    started again): the first process to open the store ends those sessions and their ephemeral
+    keys. A session of an earlier release has only a wall-clock lease: it is judged by that, so
+    a process of that release, still running, keeps its session."""
     first = await started(tmp_path)
     await first.create("/kept", b"persistent")
     await first.close()
     con = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
     try:
-        # An earlier release's process: a wall-clock lease an hour ahead, and its ephemeral key.
-        cur = con.execute("INSERT INTO sessions(expires_at, pid, host) VALUES (?, 1, 'h')", (time.time() + 3600,))
-        con.execute("INSERT INTO nodes(path, parent, value, version, owner) VALUES ('/old-eph', '/', x'', 999, ?)",
-                    (cur.lastrowid,))
-        con.execute("UPDATE meta SET value = 'wall' WHERE name = 'lease_clock'")
+        def session(expires_boot: float | None, ephemeral: str) -> int:
+            cur = con.execute("INSERT INTO sessions(expires_at, expires_boot, pid, host) VALUES (?, ?, 1, 'h')",
+                              (time.time() + 3600, expires_boot))
+            con.execute("INSERT INTO nodes(path, parent, value, version, owner) VALUES (?, '/', x'', 999, ?)",
+                        (ephemeral, cur.lastrowid))
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+        session(1e12, "/earlier-boot")  # an hour left on the wall clock, "for ever" on the old boot's clock
+        old_release = session(None, "/earlier-release")
+        con.execute("UPDATE meta SET value = 'boottime another-boot' WHERE name = 'lease_clock'")
     finally:
         con.close()
     second = await started(tmp_path)
     third = None
     try:
-        assert await second.get("/old-eph") is None
+        assert await second.get("/earlier-boot") is None
         assert await second.get("/kept") is not None
+        await asyncio.sleep(0.3)  # polls: the earlier release's lease has an hour left on the wall clock
+        assert await second.get("/earlier-release") is not None
         await second.create("/eph", b"x", ephemeral=True)
-        third = await started(tmp_path)  # the same clock: nothing of the second's is ended
+        third = await started(tmp_path)  # the same boot: nothing of the second's is ended
+        assert await third.get("/eph") is not None
+        con = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+        try:  # the earlier release's process dies: its wall-clock lease runs out
+            con.execute("UPDATE sessions SET expires_at = ? WHERE id = ?", (time.time() - 1, old_release))
+            assert con.execute("SELECT value FROM meta WHERE name = 'lease_clock'").fetchone() == (LEASE_CLOCK,)
+        finally:
+            con.close()
+
+        async def reaped() -> bool:
+            return await second.get("/earlier-release") is None
+
+        await eventually(reaped, 5, "the earlier release's session is reaped once its wall-clock lease ran out")
         assert await third.get("/eph") is not None
     finally:
         if third is not None:
             await third.close()
         await second.close()
-    con = sqlite3.connect(tmp_path / DB_FILENAME)
-    try:
-        assert con.execute("SELECT value FROM meta WHERE name = 'lease_clock'").fetchone() == (LEASE_CLOCK,)
+
+
+async def test_a_store_of_an_earlier_release_gets_the_boot_clock_and_keeps_its_live_sessions(tmp_path: Path) -> None:
+    con = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:  # the sessions table as earlier releases made it, with a session of a running process
+        con.execute("CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, expires_at REAL NOT NULL, "
+                    "pid INTEGER NOT NULL, host TEXT NOT NULL)")
+        con.execute("INSERT INTO sessions(expires_at, pid, host) VALUES (?, 1, 'h')", (time.time() + 3600,))
     finally:
         con.close()
+    backend = await started(tmp_path)
+    try:
+        await backend.create("/eph", b"x", ephemeral=True)
+        con = sqlite3.connect(tmp_path / DB_FILENAME)
+        try:
+            rows = con.execute("SELECT id, expires_boot IS NULL FROM sessions ORDER BY id").fetchall()
+        finally:
+            con.close()
+        assert rows == [(1, 1), (backend.session_id, 0)]  # the earlier one kept, as it was
+    finally:
+        await backend.close()

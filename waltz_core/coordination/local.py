@@ -12,15 +12,18 @@ How the protocol maps onto SQLite:
 * writes run in ``BEGIN IMMEDIATE`` transactions (one writer at a time, WAL journal, readers are
   never blocked), which makes compare-and-set, create-if-absent and counters atomic across
   processes.
-* ``sessions(id, expires_at)``: a session is a row with a lease renewed by a heartbeat task every
-  ``session_timeout / 3``. Leases use the host's monotonic clock since boot (``CLOCK_BOOTTIME``,
-  shared by every process of the host; the wall clock where there is none), so a step of the
-  wall clock (NTP, an operator) neither ends every lease at once nor keeps a dead process's lease
-  for the length of the step. That clock starts again at each boot: the store keeps the boot it
-  was used in (``meta.lease_clock``), and the first process of another boot ends every session
-  of the earlier one. Ephemeral keys carry their session id in ``owner``; whichever process
-  first notices an expired lease deletes the session and its ephemeral keys. A process that
-  finds its own lease expired reports LOST, opens a new session and reports CONNECTED.
+* ``sessions(id, expires_at, expires_boot)``: a session is a row with a lease renewed by a
+  heartbeat task every ``session_timeout / 3``. The lease is judged on the host's clock since
+  boot (``expires_boot``, ``CLOCK_BOOTTIME``, shared by every process of the host; the wall clock
+  where there is none), so a step of the wall clock (NTP, an operator) neither ends every lease
+  at once nor keeps a dead process's lease for the length of the step. That clock starts again
+  at each boot: the store keeps the boot its leases were taken in (``meta.lease_clock``), and
+  the first process of another boot ends the sessions of the earlier one. ``expires_at`` is the
+  same lease on the wall clock, which earlier releases judge by: a session of such a process has
+  no ``expires_boot`` and is judged by ``expires_at``, so the processes of a local cluster may
+  be upgraded one at a time. Ephemeral keys carry their session id in ``owner``; whichever
+  process first notices an expired lease deletes the session and its ephemeral keys. A process
+  that finds its own lease expired reports LOST, opens a new session and reports CONNECTED.
 * ``changes(revision, path)``: every write appends the keys it touched; each backend polls the
   latest revision every ``poll_interval`` seconds and calls the watches of changed keys and of
   their parents. If the log was pruned past the last revision seen, every watch fires.
@@ -70,10 +73,11 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE INDEX IF NOT EXISTS nodes_parent ON nodes(parent);
 CREATE INDEX IF NOT EXISTS nodes_owner ON nodes(owner) WHERE owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS sessions (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    expires_at REAL NOT NULL,
-    pid        INTEGER NOT NULL,
-    host       TEXT NOT NULL
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    expires_at   REAL NOT NULL,
+    pid          INTEGER NOT NULL,
+    host         TEXT NOT NULL,
+    expires_boot REAL
 );
 CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions(expires_at);
 CREATE TABLE IF NOT EXISTS changes (revision INTEGER PRIMARY KEY, path TEXT NOT NULL);
@@ -98,6 +102,13 @@ def _lease_clock() -> tuple[Callable[[], float], str]:
 
 
 _lease_now, LEASE_CLOCK = _lease_clock()
+#: a session whose lease ran out, given ``:wall`` (time.time()) and ``:boot`` (_lease_now()): on
+#: the clock since boot, or on the wall clock for a session of a release that kept only that one
+_EXPIRED = "(CASE WHEN expires_boot IS NULL THEN expires_at < :wall ELSE expires_boot < :boot END)"
+
+
+def _lease_times() -> dict[str, float]:
+    return {"wall": time.time(), "boot": _lease_now()}
 
 
 def default_local_directory() -> Path:
@@ -396,16 +407,19 @@ class LocalCoordination:
         self._con = con
 
     def _adopt_lease_clock(self, con: sqlite3.Connection) -> None:
-        """Leases kept on another clock (an earlier boot, or the wall clock of an earlier release)
-        cannot be compared with ours: end those sessions, as their processes are gone (a boot) or
-        about to be restarted with this release (every process of a local cluster together)."""
+        """Add ``expires_boot`` to a store of an earlier release, and end the sessions whose
+        leases were taken on the clock of another boot: it started again at this boot, so their
+        expiries cannot be compared with ours, and their processes did not survive the boot."""
+        if "expires_boot" not in {row[1] for row in con.execute("PRAGMA table_info(sessions)")}:
+            con.execute("ALTER TABLE sessions ADD COLUMN expires_boot REAL")
         row = con.execute("SELECT value FROM meta WHERE name = 'lease_clock'").fetchone()
         if row is not None and row[0] == LEASE_CLOCK:
             return
-        sessions = [session_id for (session_id,) in con.execute("SELECT id FROM sessions").fetchall()]
+        sessions = [session_id for (session_id,) in
+                    con.execute("SELECT id FROM sessions WHERE expires_boot IS NOT NULL").fetchall()]
         if sessions:
-            log.warning("local coordination: %d session(s) in %s hold leases of another clock (%s, now %s): "
-                        "ending them", len(sessions), self.path, row[0] if row else "the wall clock", LEASE_CLOCK)
+            log.warning("local coordination: %d session(s) in %s hold leases of another boot (%s, now %s): "
+                        "ending them", len(sessions), self.path, row[0] if row else "unknown", LEASE_CLOCK)
         for session_id in sessions:
             self._reap_session(con, session_id)
         con.execute("INSERT OR REPLACE INTO meta(name, value) VALUES ('lease_clock', ?)", (LEASE_CLOCK,))
@@ -448,10 +462,11 @@ class LocalCoordination:
 
     def _new_session_sync(self) -> int:
         def txn(con: sqlite3.Connection) -> int:
-            now = _lease_now()
+            now = _lease_times()
             self._reap_expired(con, now)
-            cur = con.execute("INSERT INTO sessions(expires_at, pid, host) VALUES (?, ?, ?)",
-                              (now + self._timeout, os.getpid(), socket.gethostname()))
+            cur = con.execute("INSERT INTO sessions(expires_at, expires_boot, pid, host) VALUES (?, ?, ?, ?)",
+                              (now["wall"] + self._timeout, now["boot"] + self._timeout, os.getpid(),
+                               socket.gethostname()))
             assert cur.lastrowid is not None
             return cur.lastrowid
 
@@ -460,9 +475,9 @@ class LocalCoordination:
     def _renew_sync(self, session_id: int) -> bool:
         # A lease that already expired stays expired, even if nobody reaped it yet.
         def txn(con: sqlite3.Connection) -> bool:
-            now = _lease_now()
-            cur = con.execute("UPDATE sessions SET expires_at = ? WHERE id = ? AND expires_at >= ?",
-                              (now + self._timeout, session_id, now))
+            now = _lease_times()
+            cur = con.execute(f"UPDATE sessions SET expires_at = :wall + :timeout, expires_boot = :boot + :timeout "
+                              f"WHERE id = :id AND NOT {_EXPIRED}", {**now, "timeout": self._timeout, "id": session_id})
             if cur.rowcount == 1:
                 return True
             self._reap_session(con, session_id)
@@ -471,7 +486,8 @@ class LocalCoordination:
         return self._in_transaction(txn)
 
     def _expire_sync(self, session_id: int) -> None:
-        self._in_transaction(lambda con: con.execute("UPDATE sessions SET expires_at = 0 WHERE id = ?", (session_id,)))
+        self._in_transaction(lambda con: con.execute(
+            "UPDATE sessions SET expires_at = 0, expires_boot = 0 WHERE id = ?", (session_id,)))
 
     def _end_session_sync(self, session_id: int) -> None:
         self._in_transaction(self._reap_session, session_id)
@@ -483,15 +499,15 @@ class LocalCoordination:
             self._log_change(con, path)
         con.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
-    def _reap_expired(self, con: sqlite3.Connection, now: float) -> None:
-        for (session_id,) in con.execute("SELECT id FROM sessions WHERE expires_at < ?", (now,)).fetchall():
+    def _reap_expired(self, con: sqlite3.Connection, now: dict[str, float]) -> None:
+        for (session_id,) in con.execute(f"SELECT id FROM sessions WHERE {_EXPIRED}", now).fetchall():
             log.info("local coordination: reaping expired session %s", session_id)
             self._reap_session(con, session_id)
 
     def _poll_sync(self, last_revision: int) -> tuple[int, builtins.set[str] | None]:
         con = self._db()
-        now = _lease_now()
-        if con.execute("SELECT 1 FROM sessions WHERE expires_at < ? LIMIT 1", (now,)).fetchone():
+        now = _lease_times()
+        if con.execute(f"SELECT 1 FROM sessions WHERE {_EXPIRED} LIMIT 1", now).fetchone():
             self._in_transaction(self._reap_expired, now)
         revision = int(con.execute("SELECT value FROM meta WHERE name = 'revision'").fetchone()[0])
         if revision == last_revision:
@@ -514,7 +530,8 @@ class LocalCoordination:
         if not ephemeral:
             return None
         session_id = self._session_id
-        row = con.execute("SELECT 1 FROM sessions WHERE id = ? AND expires_at >= ?", (session_id, _lease_now())).fetchone()
+        row = con.execute(f"SELECT 1 FROM sessions WHERE id = :id AND NOT {_EXPIRED}",
+                          {**_lease_times(), "id": session_id}).fetchone()
         if row is None:
             raise SessionLostError(f"local coordination session {session_id} expired; retry after it is re-established")
         return session_id
