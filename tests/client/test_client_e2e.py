@@ -300,6 +300,29 @@ async def test_appends_the_server_refuses_end_with_the_error_and_are_not_retried
             assert len(logged) == 2 and "(2 such transactions so far)" in logged[1]  # the 1st and 2nd of 3
 
 
+async def test_a_client_is_told_its_servers_storage_nodes_smaller_frame_limit(tmp_path) -> None:
+    """Storage nodes with smaller frames than their server and its clients: the server tells a
+    client the smallest limit of the nodes it is connected to, and the client ends a transaction
+    over it before sending it (the server would refuse it: tests/server/test_server_protocol.py)."""
+    node_frame = 8192
+    spec = ClusterSpec(tmp_path / "cluster", num_partitions=1, max_frame_size=4 * node_frame,
+                       storage_max_frame_size=node_frame)
+    async with InProcessCluster(spec) as cluster:
+        app = DataApp()
+        async with AsyncWaltzClient(app, spec.client_config()) as client:
+            largest = node_frame - TRANSACTION_FRAME_HEADROOM
+            over = RawAppend(largest + 1)
+            fits = RawAppend(largest)
+            await client.submit(over)  # its own limit is 32 KiB: submit takes it
+            await client.submit(fits)
+            await client.flush()
+            await eventually(lambda: over.events and app.data, 20, "both decided")
+            assert [type(e) for e in over.events] == [TransactionTooLargeError]
+            assert f"takes {largest}" in str(over.events[0])
+            assert fits.events == [("completion", True)] and app.data == {0: fits.data}
+        assert cluster.servers[0].partitions[0].refused == 0  # never sent
+
+
 async def test_large_transactions_in_flight_together_all_commit(tmp_path) -> None:
     """Records streamed to a replica together made one append: twenty transactions of 7,000
     bytes in flight with 8 KiB frames made frames of 35 KB, which the replica links refused;

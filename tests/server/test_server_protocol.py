@@ -319,6 +319,9 @@ async def test_storage_nodes_with_smaller_frames_than_the_server_bound_its_trans
     with caplog.at_level("WARNING", logger="waltz.server"):
         async with InProcessCluster(spec) as cl:
             a = await connect(cl, 1)
+            q = a.q()
+            await a.ch.send(m.ServerLimitsRequest(q))  # a protocol-4 client is told the nodes' limit
+            assert (await a.until(m.ServerLimitsResponse, q)).max_frame_size == node_frame
             await a.mount()
             await a.append(b"before")
             largest = node_frame - m.TRANSACTION_FRAME_HEADROOM
@@ -330,7 +333,7 @@ async def test_storage_nodes_with_smaller_frames_than_the_server_bound_its_trans
             await a.append(bytes(largest))
             await a.append(b"after", write=(3,))
             assert await a.flush() == 2
-            assert [f.req_id.seq_num for f in a.feed] == [2, 4, 5]
+            assert [f.req_id.seq_num for f in a.feed] == [3, 5, 6]
             store = cl.servers[0].partitions[0].store
             assert store.frame_limit == node_frame
             assert store.sessions_started == 1  # no replica ever left the session

@@ -112,6 +112,12 @@ class StorageConnector:
         self._wanted: frozenset[str] | None = None
         self._closed = False
 
+    def smallest_frame_limit(self, own: int) -> int:
+        """``own``, or the smallest ``max_frame_size`` of the connected storage nodes if below it
+        (storage protocol 5): what this server tells its clients a transaction's frame may take."""
+        limits = [client.max_frame_size for node in self._nodes.values() if (client := node.client) is not None]
+        return min([own, *limits])
+
     def keep_only(self, endpoints: Iterable[str]) -> None:
         """The replica assignment now names these storage endpoints. A node outside them is
         not tried again once it is down (a decommissioned node: its reconnect loop, health entry

@@ -234,8 +234,12 @@ class WaltzServer:
             await conn.close()
             return
         cfg = self.config.server
+        # The smallest frame limit of this server and its storage nodes connected now: a client
+        # of protocol 4 checks against it before sending (a node connected later with a smaller
+        # one, or whose partition is elsewhere, refuses through the partition: AppendRefused).
+        frame = self.connector.smallest_frame_limit(self.config.transport.max_frame_size)
         link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water,
-                          limits=(min(self.config.transport.max_frame_size, 2**31 - 1), cfg.max_locks_per_transaction))
+                          limits=(min(frame, 2**31 - 1), cfg.max_locks_per_transaction))
         self._links.add(link)
         partitions = self.partitions
         try:
