@@ -143,11 +143,11 @@ class Partition:
         self.config = config
         # A range response must stay well under the frame size the transport accepts.
         self._range_max_bytes = max(1, min(DATA_RANGE_MAX_BYTES, max_frame_size // 4))
-        #: the most data a record may carry: more, and no link to a replica could take it
-        self._max_record_data = max_frame_size - m.TRANSACTION_FRAME_HEADROOM
         self._max_frame_size = max_frame_size
-        #: whose frame limit bounds a record, for the refusal's message
-        self._record_bound = f"transport.max_frame_size = {max_frame_size} on the server"
+        #: the most data a record may carry (more, and no link to a replica could take it), and
+        #: whose frame limit sets it, for the refusal's message
+        self._max_record_data, self._record_bound = 0, ""
+        self.on_frame_limit(max_frame_size)
         self._max_locks = config.max_locks_per_transaction
         self.refused = 0  #: appends refused (too large, too many locks) since the partition opened here
         self.high_water_mark = -1

@@ -31,6 +31,7 @@ from ..metrics import MetricsRegistry
 from ..plugins import core_version
 from ..protocol import CLIENT
 from ..protocol import client as m
+from ..protocol.wire import INT32_MAX
 from ..transport import MessageChannel, check_plaintext_allowed, is_plaintext, open_transport
 from ..transport.base import Connection, Listener
 from ..transport.expiry import CertificateWatch
@@ -239,7 +240,7 @@ class WaltzServer:
         # one, or whose partition is elsewhere, refuses through the partition: AppendRefused).
         frame = self.connector.smallest_frame_limit(self.config.transport.max_frame_size)
         link = ClientLink(channel, inbound_high_water=cfg.inbound_high_water, inbound_low_water=cfg.inbound_low_water,
-                          limits=(min(frame, 2**31 - 1), cfg.max_locks_per_transaction))
+                          limits=(min(frame, INT32_MAX), cfg.max_locks_per_transaction))
         self._links.add(link)
         partitions = self.partitions
         try:

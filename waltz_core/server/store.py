@@ -353,9 +353,12 @@ class StoreSession:
         self.streamers: list[_ReplicaSession] = []  #: replicas in streaming mode
         self._pump_scheduled = False
         self.stopped = False
-        #: bytes of records one append carries at most: the store's bound, lowered to the smallest
-        #: frame limit of the session's replicas once they are known (see ReplicatedStore)
-        self.max_batch_bytes = store.max_batch_bytes
+        #: bytes of records one append to a replica carries at most: records streamed together
+        #: (several large transactions in flight) must not make a frame the link refuses, which
+        #: would end the session, and the next, for ever (at least one record always goes). The
+        #: server's frame, lowered to the smallest limit of the session's replicas once they are
+        #: known (ReplicatedStore._apply_frame_limit)
+        self.max_batch_bytes = store.max_frame_size - sm.APPEND_BATCH_HEADROOM
 
     # ----------------------------------------------------------------------------- appending
 
@@ -507,10 +510,6 @@ class ReplicatedStore:
                  commit_quorum: Callable[[int], int] = quorum_of, stream_pump: StreamPump | None = None, *,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.partition_id = partition_id
-        #: bytes of records one append to a replica carries at most: records streamed together
-        #: (several large transactions in flight) must not make a frame the link refuses, which
-        #: would end the session, and the next, for ever (at least one record always goes)
-        self.max_batch_bytes = max_frame_size - sm.APPEND_BATCH_HEADROOM
         self.max_frame_size = max_frame_size
         #: the smallest frame limit of the replicas of the last session begun (the server's own
         #: when every node takes as much); the partition takes no record above it
@@ -754,7 +753,7 @@ class ReplicatedStore:
             if limits:
                 log.warning("partition %d: storage node(s) %s take frames of at most %s bytes, less than this "
                             "server's transport.max_frame_size = %d: transactions are limited to the smallest",
-                            self.partition_id, ", ".join(sorted(limits)), min(limits.values()), self.max_frame_size)
+                            self.partition_id, ", ".join(sorted(limits)), frame, self.max_frame_size)
             if self._sink is not None:
                 self._sink.on_frame_limit(frame)
 

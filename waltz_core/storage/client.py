@@ -38,7 +38,7 @@ from ..protocol import ADMIN, STORAGE, Family
 from ..protocol import admin as am
 from ..protocol import storage as sm
 from ..protocol.framing import MIN_MAX_FRAME_SIZE
-from ..protocol.wire import Record, RecordBatch, RecordHeader, SessionInfo
+from ..protocol.wire import INT32_MAX, Record, RecordBatch, RecordHeader, SessionInfo
 from ..transport.base import Transport
 from ..transport.channel import MessageChannel
 
@@ -318,7 +318,7 @@ class StorageClient:
         try:
             if channel.version >= sm.LIMITS_VERSION:  # each side learns the other's frame limit
                 opened = await client._p.request(-1, sm.LimitedOpenRequest(
-                    -1, -1, -1, cluster_key, num_partitions, min(client.max_frame_size, 2**31 - 1)))
+                    -1, -1, -1, cluster_key, num_partitions, min(client.max_frame_size, INT32_MAX)))
                 if type(opened) is not sm.OpenResponse:
                     raise ProtocolError(f"storage {address} answered the open with {type(opened).__name__}")
                 client._node_limit(opened.max_frame_size)

@@ -68,7 +68,7 @@ from ..protocol import ADMIN, STORAGE
 from ..protocol import admin as am
 from ..protocol import storage as sm
 from ..protocol.framing import MIN_MAX_FRAME_SIZE
-from ..protocol.wire import RECORD_HEADER, Record, RecordBatch, SessionInfo
+from ..protocol.wire import INT32_MAX, RECORD_HEADER, Record, RecordBatch, SessionInfo
 from ..timeouts import wait_for
 from ..transport.base import Connection
 from ..transport.channel import MessageChannel
@@ -1283,7 +1283,7 @@ class StorageNode:
                     opened = True
                     if t is sm.LimitedOpenRequest:  # our limit: the server sends no frame above it
                         send(sm.OpenResponse(msg.session_id, msg.seq_num, msg.partition_id,
-                                             min(self.max_frame_size, 2**31 - 1)))
+                                             min(self.max_frame_size, INT32_MAX)))
                     else:
                         send(sm.SuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
                     continue
