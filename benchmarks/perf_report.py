@@ -13,6 +13,9 @@ Shapes (256 B, 3 storage processes, quorum 2, fdatasync, TCP, one server):
   (optimistic-lock retries), 4 partitions with 16 in flight each (64 outstanding as above);
 * 1 partition, 1 in flight: unloaded latency;
 * 1 partition, open loop (Poisson) at ``--load`` (70 %) of that maximum: latency under load;
+* the disk's floor for the open loop's commits, right after it (``waltz_core.perf.diskfloor``:
+  the open loop's rate and records, 3 writers running a storage node's rounds on the temp
+  directory's disk, a commit durable on 2 of them; no Waltz code runs);
 * 64 partitions with 1 in flight each, 256 with 1 each;
 * consumer: feed only and feed + data over ``--populate`` transactions.
 
@@ -24,6 +27,7 @@ first: absolute figures of two reports compare only if those do.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -34,10 +38,12 @@ from typing import Any
 
 from waltz_core.errors import WaltzError
 from waltz_core.eventloop import event_loop_from_env, loop_name, run
+from waltz_core.perf import diskfloor
 from waltz_core.perf.cluster import local_cluster
 from waltz_core.perf.driver import ProduceOptions, ProduceResult, consume, produce
 from waltz_core.perf.machine import MachineSpeed
 from waltz_core.perf.machine import measure as measure_machine
+from waltz_core.protocol.wire import STORED_RECORD_OVERHEAD
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_etcd  # the sibling benchmark script (E402 allows imports after sys.path edits)
@@ -75,7 +81,15 @@ def _median_row(name: str, results: list[ProduceResult]) -> tuple[ProduceResult,
     return median, row
 
 
-async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def _disk_floor(args: argparse.Namespace, rate: float) -> diskfloor.DiskFloor:
+    """The disk's floor for the open loop's commits (its rate, its records), right after it."""
+    floor = await asyncio.to_thread(diskfloor.measure, tempfile.gettempdir(), writers=3, quorum=2, rate=rate,
+                                    seconds=args.duration, record_size=256 + STORED_RECORD_OVERHEAD)
+    print(f"  disk floor: {floor.summary()}", file=sys.stderr)
+    return floor
+
+
+async def _produce_shapes(args: argparse.Namespace) -> tuple[list[dict[str, Any]], diskfloor.DiskFloor]:
     rows = []
 
     async def measure(cluster: Any, **kw: Any) -> ProduceResult:
@@ -108,6 +122,7 @@ async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
                           {"rate": rate, "in_flight": 1024})):
             rows.append(_produce_row(name, result := await measure(one, **kw)))
             report(name, result)
+    floor = await _disk_floor(args, rate)  # the open loop's, with no cluster up
     # Many partitions: the same 64 transactions outstanding over 64 partitions, then 256 partitions
     # with one each (256 outstanding).
     for partitions in (64, 256):
@@ -115,7 +130,7 @@ async def _produce_shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
             name = f"{partitions} partitions, 1 in flight each"
             rows.append(_produce_row(name, result := await measure(cluster, partitions=partitions, in_flight=1)))
             report(name, result)
-    return rows
+    return rows, floor
 
 
 def _targets(report: dict[str, Any]) -> list[str]:
@@ -143,10 +158,12 @@ def _targets(report: dict[str, Any]) -> list[str]:
         cpu = peak["cpu_us_per_txn"]
         total = f"{sum(cpu.values()):.1f} µs" if cpu else "unknown"
     comp = report["comparison"]
+    floor = report["disk_floor"]["commit_ms"]["p99.9"]
     out = ["| target | this run |", "|---|---|",
            f"| lock pool 128 / no locks, 64 in flight (≥ 60 %) | {ratio(locked)} |",
            f"| 4 partitions x 16 / 1 partition x 64 (≥ 100 %) | {ratio(spread)} |",
-           f"| open loop at {_load_of(open_loop)}: p99.9 (≤ 10 ms) | {open_loop['latency_ms']['p99.9']} ms |",
+           f"| open loop at {_load_of(open_loop)}: p99.9 (≤ 10 ms) | {open_loop['latency_ms']['p99.9']} ms "
+           f"(the disk alone allows {floor} ms) |",
            f"| CPU per transaction, all processes, 64 in flight (≤ 25 µs) | {total} |"]
     for peer in comp["peers"]:
         goal = "≥ 6x" if peer == "etcd" else "reported"
@@ -213,7 +230,9 @@ def _markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['shape']} | {rate} | {r['mb_per_s']:.2f} | {r['retries_per_txn']:.4f} "
                      f"| {x['p50']} | {x['p90']} | {x['p99']} | {x['p99.9']} | {r['records_per_fdatasync']} "
                      f"| {cpu(r['cpu_us_per_txn'])} |")
-    lines += ["", "### Against the targets (ratios of this run)", "", *_targets(report)]
+    lines += ["", "### The disk's floor for the open loop's commits (no Waltz code)", "",
+              diskfloor.DiskFloor(**report["disk_floor"]).summary() + ".",
+              "", "### Against the targets (ratios of this run)", "", *_targets(report)]
     lines += ["", "### `waltz perf consume` (partition 0)", "", "| mode | transactions | rate |", "|---|---|---|"]
     for c in report["consume"]:
         unit = "headers/s" if c["mode"] == "feed" else f"transactions/s, {c['mb_per_s']} MB/s"
@@ -231,7 +250,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                                                             warmup=args.warmup, concurrency=64, record_size=256,
                                                             peers=list(compare_etcd.PEERS)))
     print("producer shapes", file=sys.stderr)
-    produce_rows = await _produce_shapes(args)
+    produce_rows, floor = await _produce_shapes(args)
     print("consumer", file=sys.stderr)
     consume_rows = await _consume_shapes(args)
     machine_after = measure_machine(tempfile.gettempdir())
@@ -239,7 +258,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
             "event_loop": loop_name(),
             "machine_before": machine_before.to_json(), "machine_after": machine_after.to_json(),
-            "comparison": comparison, "produce": produce_rows, "consume": consume_rows}
+            "comparison": comparison, "produce": produce_rows, "disk_floor": floor.to_json(),
+            "consume": consume_rows}
 
 
 def cli() -> None:

@@ -34,9 +34,12 @@ def test_the_report_runs_and_prints_every_table(tmp_path: Path) -> None:
     assert all(report["comparison"]["median"][s]["ops_per_s"] > 0 for s in ("waltz", "etcd", "zookeeper"))
     assert len(report["produce"]) == 7 and all(row["txn_per_s"] > 0 for row in report["produce"])
     assert [c["mode"] for c in report["consume"]] == ["feed", "feed+data"]
+    floor = report["disk_floor"]
+    assert floor["writers"] == 3 and floor["quorum"] == 2 and floor["commit_ms"]["p99.9"] > 0
     text = proc.stdout
     assert text.count("Machine before: ") == 1 and text.count("Machine after: ") == 1
     for heading in ("### Waltz vs etcd vs ZooKeeper", "### `waltz perf produce`", "### Against the targets",
-                    "### `waltz perf consume`"):
+                    "### The disk's floor", "### `waltz perf consume`"):
         assert heading in text
     assert "4 partitions x 16 / 1 partition x 64" in text and "Waltz / etcd" in text
+    assert f"(the disk alone allows {floor['commit_ms']['p99.9']} ms)" in text

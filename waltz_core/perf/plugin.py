@@ -1,4 +1,4 @@
-"""Built-in plugin of the perf package: ``waltz perf produce`` and ``waltz perf consume``."""
+"""Built-in plugin of the perf package: ``waltz perf produce``, ``consume`` and ``disk``."""
 
 from __future__ import annotations
 
@@ -307,6 +307,40 @@ def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[st
     else:
         for r in results:
             click.echo(r.report())
+
+
+@perf_group.command("disk")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, exists=True, writable=True, path_type=Path),
+              help="A directory on the disk to measure (a storage node's data directory). Default: the temp "
+                   "directory, where --local clusters write.")
+@click.option("--rate", type=click.FloatRange(0, min_open=True), default=5000.0, show_default=True,
+              help="Commits offered per second (Poisson arrivals, as `perf produce --rate`).")
+@click.option("--replicas", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Writers flushing the disk at once: the storage nodes that share it (1 when each node "
+                   "has a disk of its own).")
+@click.option("--quorum", type=click.IntRange(1), default=2, show_default=True,
+              help="Replicas a commit waits for (at most --replicas).")
+@click.option("--record-size", type=click.IntRange(1, 1024 * 1024), default=300, show_default=True,
+              help="Bytes a commit adds to a round's write (a stored record: 256 B of data and its head).")
+@click.option("--duration", type=click.FloatRange(0, min_open=True), default=8.0, show_default=True,
+              help="Seconds of arrivals.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the text report.")
+def disk_command(directory: Path | None, rate: float, replicas: int, quorum: int, record_size: int, duration: float,
+                 as_json: bool) -> None:
+    """The commit latency a disk allows at a rate, without Waltz: writers run a storage node's
+    rounds (one write and one fdatasync of what arrived) on it, and a commit is durable on a quorum."""
+    import tempfile
+
+    from .diskfloor import measure
+
+    if quorum > replicas:
+        raise click.BadParameter(f"{quorum} is more than --replicas ({replicas})", param_hint="--quorum")
+    try:
+        floor = measure(directory or tempfile.gettempdir(), writers=replicas, quorum=quorum, rate=rate,
+                        seconds=duration, record_size=record_size)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise click.ClickException(f"cannot measure the disk: {exc}") from None
+    click.echo(json.dumps(floor.to_json()) if as_json else floor.summary())
 
 
 @hookimpl

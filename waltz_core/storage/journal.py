@@ -82,6 +82,8 @@ ENTRIES_START = 512
 _HEAD = struct.Struct("<IQiqII")
 _HEAD_AFTER_CRC = struct.Struct("<QiqII")
 _CRC = struct.Struct("<I")
+#: bytes an entry adds to its records (the write of a round: see perf/diskfloor.py)
+ENTRY_HEAD_SIZE = _HEAD.size
 #: the largest entry a reader believes (a head claiming more is garbage, not a record batch)
 _MAX_ENTRY_BYTES = 1 << 30
 #: zeros written ahead of the rounds: the first step, and the step it doubles up to
