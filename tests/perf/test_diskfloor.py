@@ -55,6 +55,14 @@ def test_writers_run_rounds_over_the_arrivals_and_leave_no_file(tmp_path: Path) 
             assert all(arrived <= start for arrived, done in zip(rec.arrivals, durable, strict=True) if done == end)
 
 
+def test_rounds_start_no_sooner_than_the_interval_after_the_last(tmp_path: Path) -> None:
+    rec = diskfloor.record(tmp_path, writers=1, rate=2000.0, seconds=0.3, round_interval=0.004)
+    starts = [start for start, _ in rec.rounds[0]]
+    assert len(starts) > 10 and all(b - a >= 0.004 for a, b in pairwise(starts))
+    # so the rounds carry several arrivals each (2,000/s over 4 ms: about 8)
+    assert len(rec.arrivals) / len(starts) > 3
+
+
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no such directory"):
         diskfloor.record(tmp_path / "missing", writers=1, rate=100.0, seconds=0.1)
@@ -62,6 +70,8 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) ->
         diskfloor.record(tmp_path, writers=0, rate=100.0, seconds=0.1)
     with pytest.raises(ValueError):
         diskfloor.record(tmp_path, writers=1, rate=100.0, seconds=0.1, record_size=0)
+    with pytest.raises(ValueError):
+        diskfloor.record(tmp_path, writers=1, rate=100.0, seconds=0.1, round_interval=-1.0)
     with pytest.raises(ValueError, match="quorum"):
         diskfloor.measure(tmp_path, writers=2, quorum=3, seconds=0.1)
     assert list(tmp_path.iterdir()) == []
@@ -86,7 +96,7 @@ def test_measure_reports_rounds_and_a_commit_floor_of_at_least_a_round(tmp_path:
     assert c["mean"] >= f["mean"] * 0.99  # (histogram buckets are 1 % wide)
     assert "durable on 2 of 2" in floor.summary() and "rounds/s per writer" in floor.summary()
     assert set(floor.to_json()) == {"directory", "writers", "quorum", "rate", "record_size", "seconds",
-                                    "rounds_per_s", "records_per_round", "flush_ms", "commit_ms"}
+                                    "round_interval", "rounds_per_s", "records_per_round", "flush_ms", "commit_ms"}
     with pytest.raises(RuntimeError, match="no commit became durable"):
         diskfloor.measure(tmp_path, writers=1, quorum=1, rate=0.001, seconds=0.1)  # no arrival at all
 
@@ -94,10 +104,12 @@ def test_measure_reports_rounds_and_a_commit_floor_of_at_least_a_round(tmp_path:
 def test_the_disk_command_prints_json_and_refuses_bad_values(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(build_cli(), ["perf", "disk", "--dir", str(tmp_path), "--duration", "0.3",
-                                         "--rate", "300", "--replicas", "1", "--quorum", "1", "--json"])
+                                         "--rate", "300", "--replicas", "1", "--quorum", "1", "--round-interval", "2",
+                                         "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert out["writers"] == 1 and out["rate"] == 300.0 and out["commit_ms"]["p50"] > 0
+    assert out["writers"] == 1 and out["rate"] == 300.0 and out["round_interval"] == 0.002
+    assert out["commit_ms"]["p50"] > 0
     result = runner.invoke(build_cli(), ["perf", "disk", "--dir", str(tmp_path), "--quorum", "4"])
     assert result.exit_code == 2 and "4 is more than --replicas (3)" in result.output
     result = runner.invoke(build_cli(), ["perf", "disk", "--dir", str(tmp_path / "missing")])

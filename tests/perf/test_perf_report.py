@@ -39,7 +39,7 @@ def test_the_report_runs_and_prints_every_table(tmp_path: Path) -> None:
     text = proc.stdout
     assert text.count("Machine before: ") == 1 and text.count("Machine after: ") == 1
     for heading in ("### Waltz vs etcd vs ZooKeeper", "### `waltz perf produce`", "### Against the targets",
-                    "### The disk's floor", "### `waltz perf consume`"):
+                    "### The disk's share", "### `waltz perf consume`"):
         assert heading in text
     assert "4 partitions x 16 / 1 partition x 64" in text and "Waltz / etcd" in text
-    assert f"(the disk alone allows {floor['commit_ms']['p99.9']} ms)" in text
+    assert f"(the disk alone, at its rate and rounds: {floor['commit_ms']['p99.9']} ms)" in text

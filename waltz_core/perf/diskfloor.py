@@ -79,11 +79,17 @@ class Recording:
 
 
 def record(directory: str | os.PathLike[str], writers: int, rate: float, seconds: float,
-           record_size: int = 300, seed: int = 1) -> Recording:
+           record_size: int = 300, seed: int = 1, round_interval: float = 0.0) -> Recording:
     """Run ``writers`` writers over Poisson arrivals for ``seconds`` in scratch files of
-    ``directory`` (removed after). Times are seconds from the start of the arrivals."""
-    if writers < 1 or not 1 <= record_size <= MAX_ROUND_BYTES:
-        raise ValueError(f"writers must be at least 1 and record_size 1 to {MAX_ROUND_BYTES} bytes")
+    ``directory`` (removed after). Times are seconds from the start of the arrivals.
+
+    ``round_interval``: the least time from one round's start to the next one's (0: the next
+    starts as soon as a round ends and a commit waits). A node's own CPU per round spaces its
+    rounds so; given the interval a cluster's nodes kept (its rounds per second), the writers
+    flush the disk as often as they did, with as many records a round."""
+    if writers < 1 or not 1 <= record_size <= MAX_ROUND_BYTES or not round_interval >= 0:
+        raise ValueError(f"writers must be at least 1, record_size 1 to {MAX_ROUND_BYTES} bytes and round_interval "
+                         "not negative")
     arrivals = poisson_arrivals(rate, seconds, seed)
     base = Path(directory)
     if not base.is_dir():
@@ -112,12 +118,14 @@ def record(directory: str | os.PathLike[str], writers: int, rate: float, seconds
             start0 = origin[0]
             mine, spans = durable[i], rounds[i]
             monotonic, sleep, pwrite, fdatasync = time.monotonic, time.sleep, os.pwrite, os.fdatasync
-            taken, offset, total = 0, 0, len(arrivals)
+            taken, offset, total, due = 0, 0, len(arrivals), 0.0
             while taken < total:
                 now = monotonic() - start0
-                if arrivals[taken] > now:  # idle: the node's next round starts with the next record
-                    sleep(arrivals[taken] - now)
+                wake = max(arrivals[taken], due)  # idle: the next round starts with the next record
+                if wake > now:
+                    sleep(wake - now)
                     now = monotonic() - start0
+                due = now + round_interval
                 upto = bisect.bisect_right(arrivals, now, taken)
                 size = min(MAX_ROUND_BYTES, (upto - taken) * record_size + ROUND_HEAD_BYTES)
                 if offset + size > FILE_BYTES:
@@ -160,6 +168,7 @@ class DiskFloor:
     rate: float  #: commits offered per second
     record_size: int
     seconds: float
+    round_interval: float  #: the least seconds from one round's start to the next one's
     rounds_per_s: float  #: per writer
     records_per_round: float
     flush_ms: dict[str, float]  #: one round (its write and its fdatasync)
@@ -171,18 +180,19 @@ class DiskFloor:
     def summary(self) -> str:
         c, f = self.commit_ms, self.flush_ms
         who = f"{self.writers} writers" if self.writers != 1 else "1 writer"
-        return (f"{self.rate:,.0f} commits/s of {self.record_size:,} B, {who}, durable on {self.quorum} of "
+        spaced = f", rounds {self.round_interval * 1e3:.2f} ms apart at least" if self.round_interval else ""
+        return (f"{self.rate:,.0f} commits/s of {self.record_size:,} B, {who}{spaced}, durable on {self.quorum} of "
                 f"{self.writers}: p50 {c['p50']} ms, p99 {c['p99']} ms, p99.9 {c['p99.9']} ms, max {c['max']} ms "
                 f"(a round: p50 {f['p50']} ms, p99.9 {f['p99.9']} ms, max {f['max']} ms; {self.rounds_per_s:,.0f} "
                 f"rounds/s per writer, {self.records_per_round:.1f} records each)")
 
 
 def measure(directory: str | os.PathLike[str], writers: int = 3, quorum: int = 2, rate: float = 5000.0,
-            seconds: float = 8.0, record_size: int = 300, seed: int = 1) -> DiskFloor:
+            seconds: float = 8.0, record_size: int = 300, seed: int = 1, round_interval: float = 0.0) -> DiskFloor:
     """Record ``writers`` writers at ``rate`` for ``seconds``; the floor of a commit on ``quorum`` of them."""
     if not 1 <= quorum <= writers:
         raise ValueError(f"the quorum must be 1 to {writers} (the writers), got {quorum}")
-    rec = record(directory, writers, rate, seconds, record_size, seed)
+    rec = record(directory, writers, rate, seconds, record_size, seed, round_interval)
     commits = LatencyHistogram()
     for latency in commit_latencies(rec.arrivals, rec.durable, quorum):
         commits.record(latency)
@@ -193,5 +203,6 @@ def measure(directory: str | os.PathLike[str], writers: int = 3, quorum: int = 2
     for spans in rec.rounds:
         for start, end in spans:
             flushes.record(end - start)
-    return DiskFloor(str(directory), writers, quorum, rate, record_size, seconds, flushes.count / seconds / writers,
+    return DiskFloor(str(directory), writers, quorum, rate, record_size, seconds, round_interval,
+                     flushes.count / seconds / writers,
                      len(rec.arrivals) * writers / flushes.count, flushes.summary_ms(), commits.summary_ms())

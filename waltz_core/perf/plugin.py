@@ -322,11 +322,15 @@ def consume_command(config_path: str | None, local: bool, metrics_urls: tuple[st
               help="Replicas a commit waits for (at most --replicas).")
 @click.option("--record-size", type=click.IntRange(1, 1024 * 1024), default=300, show_default=True,
               help="Bytes a commit adds to a round's write (a stored record: 256 B of data and its head).")
+@click.option("--round-interval", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Least milliseconds from one round's start to the next one's, as a node's CPU per round "
+                   "spaces them (0: the next round starts when one ends). 1000 x a cluster's records per "
+                   "fdatasync / its commits per second flushes as often as its nodes did.")
 @click.option("--duration", type=click.FloatRange(0, min_open=True), default=8.0, show_default=True,
               help="Seconds of arrivals.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the text report.")
-def disk_command(directory: Path | None, rate: float, replicas: int, quorum: int, record_size: int, duration: float,
-                 as_json: bool) -> None:
+def disk_command(directory: Path | None, rate: float, replicas: int, quorum: int, record_size: int,
+                 round_interval: float, duration: float, as_json: bool) -> None:
     """The commit latency a disk allows at a rate, without Waltz: writers run a storage node's
     rounds (one write and one fdatasync of what arrived) on it, and a commit is durable on a quorum."""
     import tempfile
@@ -337,7 +341,7 @@ def disk_command(directory: Path | None, rate: float, replicas: int, quorum: int
         raise click.BadParameter(f"{quorum} is more than --replicas ({replicas})", param_hint="--quorum")
     try:
         floor = measure(directory or tempfile.gettempdir(), writers=replicas, quorum=quorum, rate=rate,
-                        seconds=duration, record_size=record_size)
+                        seconds=duration, record_size=record_size, round_interval=round_interval / 1e3)
     except (OSError, RuntimeError, ValueError) as exc:
         raise click.ClickException(f"cannot measure the disk: {exc}") from None
     click.echo(json.dumps(floor.to_json()) if as_json else floor.summary())
