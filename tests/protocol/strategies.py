@@ -176,6 +176,7 @@ ADMIN: dict[type, st.SearchStrategy[Any]] = {
     _a.AssignedPartitionStatusRequest: st.builds(_a.AssignedPartitionStatusRequest, i64),
     _a.AssignedPartitionStatusResponse: st.builds(
         _a.AssignedPartitionStatusResponse, i64, st.lists(st.tuples(i32, flags), max_size=8).map(tuple)),
+    _a.LimitedAdminOpenRequest: st.builds(_a.LimitedAdminOpenRequest, i64, uuids, i32, i32),
 }
 
 #: family module -> {message class: strategy}

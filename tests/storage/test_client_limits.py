@@ -14,11 +14,12 @@ import attrs
 import pytest
 
 from waltz_core.errors import StorageError, WaltzError
-from waltz_core.protocol import STORAGE
+from waltz_core.protocol import ADMIN, STORAGE
+from waltz_core.protocol import admin as am
 from waltz_core.protocol import storage as sm
 from waltz_core.protocol.wire import RecordBatch
 from waltz_core.storage import node as node_module
-from waltz_core.storage.client import StorageClient
+from waltz_core.storage.client import StorageAdminClient, StorageClient
 from waltz_core.transport.channel import MessageChannel
 from waltz_transport_tcp.transport import TcpTransport
 
@@ -146,5 +147,55 @@ async def test_an_open_that_announces_an_impossible_limit_is_refused(small_node:
         assert isinstance(refused, sm.FailureResponse) and "below the smallest allowed (1024)" in refused.message
         await channel.send(sm.MaxTransactionIdRequest(1, 2, 0))  # the connection is not open
         assert "send an OpenRequest" in (await channel.recv()).message
+    finally:
+        await channel.close()
+
+
+async def test_a_node_with_larger_frames_exports_records_within_the_tools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline recovery reads records through a node's admin port. A tool whose frames are
+    smaller than the node's is told its limit in the open (admin protocol 3), and the node's
+    exports stay within half of it: before, a list over the tool's limit closed the connection."""
+    small_frame = 64 * 1024
+    node_transport, tool_transport = TcpTransport(max_frame_size=CLIENT_FRAME), TcpTransport(max_frame_size=small_frame)
+    h = NodeHarness(tmp_path / "storage", uuid.uuid4(), transport=node_transport)
+    await h.start()
+    try:
+        await (await h.admin()).set_assignment([0], True)
+        client = await _connect(h, node_transport)
+        records = [make_record(t, bytes([t]) * 5000) for t in range(100)]  # 500 KB in all
+        for start in range(0, 100, 10):
+            await client.append(1, 0, records[start:start + 10])
+        tool = await StorageAdminClient.connect(tool_transport, h.admin_listener.address, h.cluster_key, 4)
+        h.clients.append(tool)
+        assert tool._p.channel.version == am.LIMITS_VERSION
+        got: list = []
+        while len(got) < 100:
+            part = await tool.record_list(0, len(got), 100)
+            assert 0 < len(part) and sum(len(r.data) + 64 for r in part) <= small_frame // 2
+            got.extend(part)
+        assert got == records
+        # A tool of the version before keeps the node's bound (half the node's limit) and its own limit.
+        monkeypatch.setattr(node_module, "ADMIN", attrs.evolve(ADMIN, versions=(2,)))
+        old = await StorageAdminClient.connect(node_transport, h.admin_listener.address, h.cluster_key, 4)
+        h.clients.append(old)
+        assert old._p.channel.version == 2
+        assert list(await old.record_list(0, 0, 100)) == records
+    finally:
+        await h.stop()
+        await node_transport.aclose()
+        await tool_transport.aclose()
+
+
+async def test_an_admin_open_that_announces_an_impossible_limit_is_refused(small_node: NodeHarness,
+                                                                           client_transport: TcpTransport) -> None:
+    conn = await client_transport.connect(small_node.admin_listener.address)
+    channel = await MessageChannel.open(conn, ADMIN, "test")
+    try:
+        await channel.send(am.LimitedAdminOpenRequest(1, small_node.cluster_key, 4, 100))
+        refused = await channel.recv()
+        assert isinstance(refused, am.AdminFailureResponse) and "below the smallest allowed (1024)" in refused.message
+        await channel.send(am.MetricsRequest(2))  # the connection is not open
+        assert "send an AdminOpenRequest" in (await channel.recv()).message
     finally:
         await channel.close()

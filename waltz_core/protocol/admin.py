@@ -6,7 +6,12 @@ order.
 
 Version 2: ``AdminFailureResponse`` carries ``int error_code`` (a numeric code from
 :mod:`waltz_core.errors`) where version 1 had ``str error_type`` (an exception class name), in
-the same position. Only version 2 is spoken: an older peer fails the handshake.
+the same position. An older peer fails the handshake.
+
+Version 3 adds ``LimitedAdminOpenRequest``: the open with the tool's ``transport.max_frame_size``.
+The node answers that connection's record exports within half of the smaller of the two limits,
+as it answers a server's record lists (storage protocol 5): a tool with smaller frames than the
+node would otherwise close the connection on the first large export. Versions 2 and 3 are spoken.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ from .layout import (
 from .wire import Record, SessionInfo
 
 PROTOCOL: Final = b"A"
-VERSIONS: Final = (2,)  #: 2: numeric error codes in failures (see the module doc)
+#: 3: the tool's frame limit in the open; 2: numeric error codes in failures (see the module doc)
+VERSIONS: Final = (2, 3)
+#: the version whose open carries the tool's frame limit
+LIMITS_VERSION: Final = 3
 
 
 @attrs.frozen(slots=True)
@@ -134,11 +142,23 @@ class AssignedPartitionStatusResponse:
     statuses: Annotated[tuple[tuple[int, bool], ...], Array(FixedTuple(INT32, BOOL))]
 
 
+@attrs.frozen(slots=True)
+class LimitedAdminOpenRequest:
+    """:class:`AdminOpenRequest` with the sender's frame limit (version 3): the node answers its
+    record exports within it. Answered by :class:`AdminSuccessResponse`."""
+
+    TYPE: ClassVar[int] = 15
+    seq_num: int
+    cluster_key: Annotated[uuid.UUID, UUID]
+    num_partitions: Annotated[int, INT32]
+    max_frame_size: Annotated[int, INT32]  #: the sender's ``transport.max_frame_size``
+
+
 AdminMessage: TypeAlias = (
     AdminSuccessResponse | AdminFailureResponse | AdminOpenRequest | PartitionAvailableRequest |
     PartitionAssignmentRequest | AdminRecordListRequest | AdminRecordListResponse | AdminLastSessionInfoRequest |
     AdminLastSessionInfoResponse | MetricsRequest | MetricsResponse | AssignedPartitionStatusRequest |
-    AssignedPartitionStatusResponse
+    AssignedPartitionStatusResponse | LimitedAdminOpenRequest
 )
 #: every message class, in TYPE order (the alias above is the one list of them)
 MESSAGES: Final[tuple[type, ...]] = typing.get_args(AdminMessage)

@@ -91,7 +91,8 @@ class FrameDecoder:
             while end - pos >= 4:
                 (n,) = unpack(view, pos)
                 if n > limit:
-                    self._error = FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {limit}")
+                    self._error = FrameTooLargeError(f"peer announced a frame of {n} bytes; the maximum is {limit} "
+                                                     "(transport.max_frame_size)")
                     if not frames:
                         raise self._error
                     break

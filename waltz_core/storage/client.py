@@ -508,7 +508,11 @@ class StorageAdminClient:
         client = cls(_Pipeline(channel, (am.AdminFailureResponse,), request_timeout), address)
         try:
             seq = client._p.next_seq()
-            await client._p.request(seq, am.AdminOpenRequest(seq, cluster_key, num_partitions))
+            if channel.version >= am.LIMITS_VERSION:  # the node answers exports within our frames
+                limit = min(getattr(transport, "max_frame_size", 16 * 1024 * 1024), INT32_MAX)
+                await client._p.request(seq, am.LimitedAdminOpenRequest(seq, cluster_key, num_partitions, limit))
+            else:
+                await client._p.request(seq, am.AdminOpenRequest(seq, cluster_key, num_partitions))
         except BaseException:
             await client.close()
             raise

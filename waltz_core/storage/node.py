@@ -983,9 +983,9 @@ class PartitionWorker:
             raise StorageError(f"max_records must not be negative, got {max_records}")
         return min(max_records, MAX_LIST_RECORDS)
 
-    def _bounded(self, records: list[Record]) -> list[Record]:
-        """Trim a record list so its response fits in a frame (the caller asks again for the rest)."""
-        budget = self.node.max_frame_size // 2
+    def _bounded(self, records: list[Record], budget: int) -> list[Record]:
+        """Trim a record list to about ``budget`` bytes, so its response fits in a frame (the
+        caller asks again for the rest; the first record always goes)."""
         total = 0
         for i, r in enumerate(records):
             total += len(r.data) + 64
@@ -1031,8 +1031,9 @@ class PartitionWorker:
             self.info = self.node.layout.write_partition_info(self.partition_id, PartitionInfo(
                 info.session_id, info.low_water_mark, info.local_low_water_mark, flags))
 
-    def export_records(self, transaction_id: int, max_records: int) -> list[Record]:
-        """Records for offline recovery: the partition must be assigned; availability does not matter."""
+    def export_records(self, transaction_id: int, max_records: int, budget: int = 0) -> list[Record]:
+        """Records for offline recovery: the partition must be assigned; availability does not
+        matter. ``budget``: bytes the list may take (0: half this node's frame limit)."""
         if self.error is not None:
             raise type(self.error)(str(self.error))
         store = self.store
@@ -1040,7 +1041,8 @@ class PartitionWorker:
             if self.info is None or not self.info.assigned:
                 raise PartitionNotFoundError(f"partition {self.partition_id} is not assigned to this storage node")
             store = self._reopen_if_due()
-        return self._bounded(store.read_records(transaction_id, self._list_size(max_records)))
+        return self._bounded(store.read_records(transaction_id, self._list_size(max_records)),
+                             budget or self.node.max_frame_size // 2)
 
     def session_info(self) -> SessionInfo:
         if self.error is not None:
@@ -1334,6 +1336,7 @@ class StorageNode:
             await conn.close()
             return
         opened = False
+        read_budget = 0  # half our frame limit, unless the tool's is smaller (LimitedAdminOpenRequest)
         try:
             while True:
                 try:
@@ -1347,14 +1350,17 @@ class StorageNode:
                 except TransportError:
                     break
                 try:
-                    if type(msg) is am.AdminOpenRequest:
+                    t = type(msg)
+                    if t is am.AdminOpenRequest or t is am.LimitedAdminOpenRequest:
                         self._check_key(msg.cluster_key, msg.num_partitions)
+                        if t is am.LimitedAdminOpenRequest:
+                            read_budget = self._read_budget(msg.max_frame_size)
                         opened = True
                         response: Any = am.AdminSuccessResponse(msg.seq_num)
                     elif not opened:
                         raise StorageError("the admin connection is not open: send an AdminOpenRequest first")
                     else:
-                        response = await self._admin(msg)
+                        response = await self._admin(msg, read_budget)
                 except WaltzError as exc:
                     response = am.AdminFailureResponse(msg.seq_num, wire_code(exc), str(exc))
                 except Exception as exc:
@@ -1367,7 +1373,9 @@ class StorageNode:
         finally:
             await channel.close()
 
-    async def _admin(self, msg: Any) -> Any:
+    async def _admin(self, msg: Any, read_budget: int = 0) -> Any:
+        """The answer to an admin request; record exports take at most ``read_budget`` bytes
+        (0: half this node's frame limit)."""
         t = type(msg)
         if t is am.PartitionAssignmentRequest:
             for pid in msg.partition_ids:
@@ -1381,7 +1389,8 @@ class StorageNode:
             return am.AdminSuccessResponse(msg.seq_num)
         if t is am.AdminRecordListRequest:
             worker = self._worker(msg.partition_id)
-            records = await worker.call(lambda: worker.export_records(msg.transaction_id, msg.max_records))
+            records = await worker.call(lambda: worker.export_records(msg.transaction_id, msg.max_records,
+                                                                      read_budget))
             return am.AdminRecordListResponse(msg.seq_num, msg.partition_id, tuple(records))
         if t is am.AdminLastSessionInfoRequest:
             worker = self._worker(msg.partition_id)
