@@ -10,7 +10,7 @@ import pytest
 from waltz_core.config import CoordinationConfig
 from waltz_core.coordination import open_coordination, recipes
 from waltz_core.coordination.metadata import UNRESOLVED, ReplicaState
-from waltz_core.errors import GenerationMismatchError
+from waltz_core.errors import GenerationMismatchError, MetadataEditError
 from waltz_core.runtime import Runtime
 from waltz_core.server.glue import CoordinationMetadata
 
@@ -81,3 +81,36 @@ async def test_a_stale_generation_takes_no_session(store_metadata: recipes.Store
         await meta.begin_session(0, generation=4)
     stored, _ = await store_metadata.get_partition_metadata(0)
     assert (stored.generation, stored.session_id) == (5, 0)
+
+
+async def test_unassigning_refuses_to_leave_the_next_recovery_too_few_voters(
+        store_metadata: recipes.StoreMetadata) -> None:
+    """Two moves in a row, before a session with the new replicas finished its recovery: a
+    majority of replicas stays assigned, but only one of the three the next recovery votes among."""
+    meta = CoordinationMetadata(store_metadata)
+    await meta.begin_session(0, generation=1)
+    engaged = {node: ReplicaState(0, UNRESOLVED) for node in NODES[:3]}
+    await meta.write_states(0, 1, 0, engaged, replica_set=NODES[:3])
+    await store_metadata.assign_partitions(NODES[3], [0])
+    await store_metadata.unassign_partitions(NODES[2], [0], keep_majority=True)  # the first move: 2 of 3 voters stay
+    assignment = await store_metadata.get_replica_assignments()
+    assert sorted(ep for ep, pids in assignment.items() if 0 in pids) == [NODES[0], NODES[1], NODES[3]]
+    with pytest.raises(MetadataEditError) as refused:
+        await store_metadata.unassign_partitions(NODES[1], [0], keep_majority=True)
+    message = str(refused.value)
+    assert f"votes among the replicas of its last recovered session ({', '.join(NODES[:3])}) and needs 2" in message
+    assert f"only 1 would stay assigned ({NODES[0]})" in message and "--force" in message
+    assert await store_metadata.get_replica_assignments() == assignment  # nothing changed
+    # Partition 1 was not moved: its voters are not in the way. A replica that is no voter (the
+    # new one) goes without a question, and --force declares the voters lost for good.
+    await store_metadata.unassign_partitions(NODES[3], [0], keep_majority=True)
+    await store_metadata.assign_partitions(NODES[3], [0])
+    await store_metadata.unassign_partitions(NODES[1], [0], lost=True)
+    stored, _ = await store_metadata.get_partition_metadata(0)
+    assert stored.replica_set == (NODES[0], NODES[2])
+    # Once a session with the new replicas finished its recovery, they vote, and a move goes on.
+    await store_metadata.assign_partitions(NODES[1], [0])
+    await meta.write_states(0, 1, 0, {}, replica_set=[NODES[0], NODES[1], NODES[3]])
+    await store_metadata.unassign_partitions(NODES[0], [0], keep_majority=True)
+    assignment = await store_metadata.get_replica_assignments()
+    assert sorted(ep for ep, pids in assignment.items() if 0 in pids) == [NODES[1], NODES[3]]

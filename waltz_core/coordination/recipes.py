@@ -18,7 +18,7 @@ import contextlib
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import attrs
@@ -468,7 +468,10 @@ class StoreMetadata:
         included. A partition's committed records are on a majority of its replicas, not
         necessarily on the ones that stay. The next recovery votes among the previous session's
         replicas (``replica_set`` of the partition metadata), counting one taken out as offline, so
-        removing more would leave the partition waiting for them for ever.
+        removing more would leave the partition waiting for them for ever. That is checked too:
+        a replica assigned since (a move half done) does not vote until a session that has it
+        finished its recovery, so two moves in a row can leave a majority of replicas but too few
+        voters.
 
         ``lost`` (``--force``: the replicas are gone for good) also takes them out of the
         partition's ``replica_set``, so the next recovery settles for what the others hold,
@@ -495,6 +498,8 @@ class StoreMetadata:
                         f"{which} committed records may be only on the replicas that go. Move one replica at a time: "
                         f"assign the new one and let it catch up first (docs/operations.md, 'Move a replica to "
                         f"another storage node'), or --force")
+                for pid in ids:
+                    await self._check_voters_stay(pid, storage, current)
             def with_removed(m: dict[str, list[int]]) -> dict[str, list[int]]:
                 return {**m, storage: sorted(set(m.get(storage, [])) - set(ids))}
 
@@ -502,6 +507,26 @@ class StoreMetadata:
             if lost:
                 for pid in ids:
                     await self._forget_voter(pid, storage)
+
+    async def _check_voters_stay(self, partition_id: int, storage: str, assignment: Mapping[str, Sequence[int]]) -> None:
+        """Refuse to take ``storage`` out of a partition if fewer than a majority of the voters of
+        its next recovery (its ``replica_set``) would stay assigned: that recovery would wait for
+        the others for ever."""
+        meta, _ = await self.get_partition_metadata(partition_id)
+        voters = meta.replica_set
+        if not voters or storage not in voters:
+            return  # no set recorded yet (the count above is the check), or not a voter: it decides nothing
+        staying = [ep for ep in voters if ep != storage and partition_id in assignment.get(ep, ())]
+        need = len(voters) // 2 + 1
+        if len(staying) < need:
+            gone = [ep for ep in voters if ep not in staying]
+            raise MetadataEditError(
+                f"partition {partition_id}: its next recovery votes among the replicas of its last recovered "
+                f"session ({', '.join(voters)}) and needs {need} of them; only {len(staying)} would stay assigned "
+                f"({', '.join(staying) or 'none'}), so it would wait until one of {', '.join(gone)} is assigned "
+                f"again. A replica assigned since votes once a session that has it finished its recovery: wait "
+                f"until `waltz cluster verify` passes 'recovery' for the partition, then unassign; or --force "
+                f"if the replicas that go are lost for good")
 
     async def _forget_voter(self, partition_id: int, storage: str) -> None:
         """Take ``storage`` out of the partition's ``replica_set`` (retried on a concurrent write)."""
