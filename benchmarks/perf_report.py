@@ -92,7 +92,7 @@ async def _disk_floor(args: argparse.Namespace, rate: float, open_loop: ProduceR
     floor = await asyncio.to_thread(diskfloor.measure, tempfile.gettempdir(), writers=3, quorum=2, rate=rate,
                                     seconds=args.duration, record_size=256 + STORED_RECORD_OVERHEAD,
                                     round_interval=per_round / rate if per_round else 0.0)
-    print(f"  disk floor: {floor.summary()}", file=sys.stderr)
+    print(f"  the disk alone: {floor.summary()}", file=sys.stderr)
     return floor
 
 

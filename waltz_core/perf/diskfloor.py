@@ -4,18 +4,24 @@ A storage node makes a round's records durable with one write and one ``fdatasyn
 takes every record that arrived before it starts, and the next round starts once it ends and a
 record waits (docs/storage.md). A record that reaches a node while a round's ``fdatasync`` is
 under way waits for that round, then for its own. A commit needs ``quorum`` replicas to have it.
-So even with no CPU cost at all, a commit's latency under a load is bounded below by the disk:
-how long its flushes take at that load, and how much longer when several nodes flush the same
-disk (the replicas of a ``--local`` cluster do).
+So part of a commit's latency under a load is the disk's: how long its flushes take at that
+load, and how much longer when several nodes flush the same disk (the replicas of a
+``--local`` cluster do).
 
 :func:`measure` plays exactly that, with no Waltz code: commits arrive at ``rate`` per second
 (Poisson arrivals, as ``waltz perf produce --rate``), and one writer per replica runs the node's
 rounds over them on the disk of a directory, each round one write of its records (over zeros
 written first, as a node's journal writes over zeros written ahead, so no flush carries a
 metadata change) and one ``fdatasync``. :func:`commit_latencies` then takes, for each commit,
-the moment the ``quorum``-th writer made it durable. Waltz's own latency at that rate adds its
-CPU and the hand-offs between processes to this floor. The writers are threads: ``os.pwrite``
-and ``os.fdatasync`` release the interpreter's lock.
+the moment the ``quorum``-th writer made it durable.
+
+With ``round_interval`` set to the time between a cluster's rounds (its records per fdatasync
+over its commits per second), the writers flush as often as that cluster's nodes did, and the
+result is the disk's share of its latency: the cluster adds its CPU and the hand-offs between
+its processes. Without it, rounds start back to back and flush far more often than a node whose
+CPU spaces its rounds; on a disk several writers share, that can be slower than the cluster
+itself (docs/performance.md). The writers are threads: ``os.pwrite`` and ``os.fdatasync``
+release the interpreter's lock.
 """
 
 from __future__ import annotations
@@ -160,7 +166,7 @@ def record(directory: str | os.PathLike[str], writers: int, rate: float, seconds
 
 @attrs.frozen(slots=True)
 class DiskFloor:
-    """What :func:`measure` found: the writers' rounds, their latency, and the commit's floor."""
+    """What :func:`measure` found: the writers' rounds, their latency, and a commit's latency."""
 
     directory: str
     writers: int
@@ -172,7 +178,7 @@ class DiskFloor:
     rounds_per_s: float  #: per writer
     records_per_round: float
     flush_ms: dict[str, float]  #: one round (its write and its fdatasync)
-    commit_ms: dict[str, float]  #: the floor: from arrival until a quorum of writers made it durable
+    commit_ms: dict[str, float]  #: from arrival until a quorum of writers made it durable
 
     def to_json(self) -> dict[str, object]:
         return attrs.asdict(self)
@@ -189,7 +195,7 @@ class DiskFloor:
 
 def measure(directory: str | os.PathLike[str], writers: int = 3, quorum: int = 2, rate: float = 5000.0,
             seconds: float = 8.0, record_size: int = 300, seed: int = 1, round_interval: float = 0.0) -> DiskFloor:
-    """Record ``writers`` writers at ``rate`` for ``seconds``; the floor of a commit on ``quorum`` of them."""
+    """Record ``writers`` writers at ``rate`` for ``seconds``; the latency of a commit on ``quorum`` of them."""
     if not 1 <= quorum <= writers:
         raise ValueError(f"the quorum must be 1 to {writers} (the writers), got {quorum}")
     rec = record(directory, writers, rate, seconds, record_size, seed, round_interval)
