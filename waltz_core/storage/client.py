@@ -37,7 +37,7 @@ from ..errors import (
 from ..protocol import ADMIN, STORAGE, Family
 from ..protocol import admin as am
 from ..protocol import storage as sm
-from ..protocol.framing import MIN_MAX_FRAME_SIZE
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE, MIN_MAX_FRAME_SIZE
 from ..protocol.wire import INT32_MAX, Record, RecordBatch, RecordHeader, SessionInfo
 from ..transport.base import Transport
 from ..transport.channel import MessageChannel
@@ -264,7 +264,7 @@ async def _open_channel(transport: Transport, address: str, family: Family, role
 class StorageClient:
     """Data-port client: the ten storage requests, pipelined. Use :meth:`connect`."""
 
-    def __init__(self, pipeline: _Pipeline, address: str, max_frame_size: int = 16 * 1024 * 1024) -> None:
+    def __init__(self, pipeline: _Pipeline, address: str, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self._p = pipeline
         self.address = address
         #: the node speaks storage protocol 4: appends of several partitions share a message
@@ -314,7 +314,7 @@ class StorageClient:
         """
         channel = await _open_channel(transport, address, STORAGE, role)
         client = cls(_Pipeline(channel, (sm.FailureResponse,), request_timeout, on_failure), address,
-                     getattr(transport, "max_frame_size", 16 * 1024 * 1024))
+                     getattr(transport, "max_frame_size", DEFAULT_MAX_FRAME_SIZE))
         try:
             if channel.version >= sm.LIMITS_VERSION:  # each side learns the other's frame limit
                 opened = await client._p.request(-1, sm.LimitedOpenRequest(
@@ -509,7 +509,7 @@ class StorageAdminClient:
         try:
             seq = client._p.next_seq()
             if channel.version >= am.LIMITS_VERSION:  # the node answers exports within our frames
-                limit = min(getattr(transport, "max_frame_size", 16 * 1024 * 1024), INT32_MAX)
+                limit = min(getattr(transport, "max_frame_size", DEFAULT_MAX_FRAME_SIZE), INT32_MAX)
                 await client._p.request(seq, am.LimitedAdminOpenRequest(seq, cluster_key, num_partitions, limit))
             else:
                 await client._p.request(seq, am.AdminOpenRequest(seq, cluster_key, num_partitions))
