@@ -36,6 +36,8 @@ def test_arrivals_are_poisson_at_the_rate_and_repeatable() -> None:
     assert diskfloor.poisson_arrivals(2000.0, 5.0, seed=3) == arrivals
     with pytest.raises(ValueError):
         diskfloor.poisson_arrivals(0.0, 1.0)
+    with pytest.raises(ValueError, match="1e\\+09 commits/s for 1 s are 1,000,000,000 commits; at most 10,000,000"):
+        diskfloor.poisson_arrivals(1e9, 1.0)  # refused before a list of a billion floats is built
 
 
 def test_writers_run_rounds_over_the_arrivals_and_leave_no_file(tmp_path: Path) -> None:
@@ -117,5 +119,7 @@ def test_the_disk_command_prints_json_and_refuses_bad_values(tmp_path: Path) -> 
     result = runner.invoke(build_cli(), ["perf", "disk", "--dir", str(tmp_path), "--rate", "0.001",
                                          "--duration", "0.1"])
     assert result.exit_code == 1 and "cannot measure the disk: no commit became durable" in result.output
+    result = runner.invoke(build_cli(), ["perf", "disk", "--dir", str(tmp_path), "--rate", "1e9"])
+    assert result.exit_code == 1 and "lower the rate or the duration" in result.output
     assert "Traceback" not in result.output
     assert list(tmp_path.iterdir()) == []

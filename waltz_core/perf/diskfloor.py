@@ -46,12 +46,23 @@ FILE_BYTES = 16 * 1024 * 1024
 ROUND_HEAD_BYTES = ENTRY_HEAD_SIZE
 #: A round writes at most this much (a burst of arrivals beyond it still makes one round).
 MAX_ROUND_BYTES = 1024 * 1024
+#: Commits one measurement replays at most (rate x seconds): each is a float per writer, and the
+#: replay is Python, so ten million take a few seconds and a few hundred MB.
+MAX_ARRIVALS = 10_000_000
+
+
+def _check_quorum(quorum: int, writers: int) -> None:
+    if not 1 <= quorum <= writers:
+        raise ValueError(f"the quorum must be 1 to {writers} (the writers), got {quorum}")
 
 
 def poisson_arrivals(rate: float, seconds: float, seed: int = 1) -> list[float]:
     """Arrival offsets in seconds from 0, ``rate`` per second on average, up to ``seconds``."""
     if not rate > 0 or not seconds > 0:
         raise ValueError("rate and seconds must be positive")
+    if rate * seconds > MAX_ARRIVALS:
+        raise ValueError(f"{rate:g} commits/s for {seconds:g} s are {rate * seconds:,.0f} commits; at most "
+                         f"{MAX_ARRIVALS:,} are measured at once: lower the rate or the duration")
     rng = random.Random(seed)
     out, t = [], 0.0
     while (t := t + rng.expovariate(rate)) < seconds:
@@ -65,8 +76,7 @@ def commit_latencies(arrivals: Sequence[float], durable: Sequence[Sequence[float
     ``durable[w][i]`` is when writer ``w`` made arrival ``i`` durable (NaN: not before the end);
     an arrival fewer than ``quorum`` writers made durable is left out.
     """
-    if not 1 <= quorum <= len(durable):
-        raise ValueError(f"the quorum must be 1 to {len(durable)} (the writers), got {quorum}")
+    _check_quorum(quorum, len(durable))
     out = []
     for i, arrived in enumerate(arrivals):
         done = sorted(d for writer in durable if not math.isnan(d := writer[i]))
@@ -196,8 +206,7 @@ class DiskFloor:
 def measure(directory: str | os.PathLike[str], writers: int = 3, quorum: int = 2, rate: float = 5000.0,
             seconds: float = 8.0, record_size: int = 300, seed: int = 1, round_interval: float = 0.0) -> DiskFloor:
     """Record ``writers`` writers at ``rate`` for ``seconds``; the latency of a commit on ``quorum`` of them."""
-    if not 1 <= quorum <= writers:
-        raise ValueError(f"the quorum must be 1 to {writers} (the writers), got {quorum}")
+    _check_quorum(quorum, writers)  # before the recording, which takes seconds
     rec = record(directory, writers, rate, seconds, record_size, seed, round_interval)
     commits = LatencyHistogram()
     for latency in commit_latencies(rec.arrivals, rec.durable, quorum):
