@@ -82,7 +82,13 @@ async def test_user_guide_example_runs_as_written(inprocess_cluster, tmp_path) -
         proc = await asyncio.create_subprocess_exec(sys.executable, str(script), str(config), str(db), "news",
                                                     *messages, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        communicate = asyncio.ensure_future(proc.communicate())
+        done, _ = await asyncio.wait([communicate], timeout=60)
+        if not done:  # keep what it said: a rare hang, seen once in a whole run (2026-12-02)
+            proc.kill()
+            _, err = await communicate
+            pytest.fail(f"board.py ({db.name}) did not finish in 60 s; its stderr:\n{err.decode()[-4000:]}")
+        out, err = communicate.result()
         assert proc.returncode == 0, err.decode()
         return out.decode()
 
