@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -21,6 +22,7 @@ from waltz_core.protocol.wire import RecordBatch
 from waltz_core.storage import node as node_module
 from waltz_core.storage.client import StorageAdminClient, StorageClient
 from waltz_core.transport.channel import MessageChannel
+from waltz_core.transport.memory import MemoryTransport
 from waltz_transport_tcp.transport import TcpTransport
 
 from .conftest import NodeHarness, make_record, make_records
@@ -199,3 +201,39 @@ async def test_an_admin_open_that_announces_an_impossible_limit_is_refused(small
         assert "send an AdminOpenRequest" in (await channel.recv()).message
     finally:
         await channel.close()
+
+
+@pytest.mark.parametrize("kind", ["tcp", "memory"])  # tcp: replies sent at once; memory: through the writer task
+async def test_an_answer_over_the_nodes_own_limit_fails_that_read_only(tmp_path: Path, kind: str) -> None:
+    """A record appended while the node took larger frames (its ``transport.max_frame_size``
+    lowered since) does not fit in one answer: that read fails with an error naming the limit, and
+    the connection goes on. Before, the answer's error ended the node's replies on the connection
+    for good, and every later request on it waited forever."""
+    directory, key, small = tmp_path / "storage", uuid.uuid4(), 512 * 1024
+
+    def transport(max_frame_size: int) -> Any:
+        return TcpTransport(max_frame_size=max_frame_size) if kind == "tcp" else MemoryTransport(max_frame_size=max_frame_size)
+
+    large = NodeHarness(directory, key, transport=transport(CLIENT_FRAME))
+    await large.start()
+    try:
+        await (await large.admin()).set_assignment([0], True)
+        client = await large.client()
+        records = [make_record(0, b"a"), make_record(1, bytes(600 * 1024)), make_record(2, b"c")]
+        for record in records:
+            await client.append(1, 0, [record])
+    finally:
+        await large.stop()
+        await large.transport.aclose()
+    h = NodeHarness(directory, key, transport=transport(small))
+    await h.start()
+    try:
+        client = await h.client()
+        with pytest.raises(StorageError, match=f"exceeds the maximum of {small}"):
+            await asyncio.wait_for(client.record(1, 0, 1), 10)
+        assert await asyncio.wait_for(client.record(1, 0, 2), 10) == records[2]
+        assert list(await client.record_list(1, 0, 0, 3)) == records[:1]  # a list stops before the record
+        assert not client.closed
+    finally:
+        await h.stop()
+        await h.transport.aclose()

@@ -1254,8 +1254,24 @@ class StorageNode:
             await conn.close()
             return
         outbox = _Outbox()
-        send = outbox.put
-        writer = asyncio.get_running_loop().create_task(_write_loop(channel, outbox))
+        writer: asyncio.Task[None] | None = None
+        send_nowait = getattr(conn, "send_nowait", None)
+        if send_nowait is not None:
+            # Each reply straight to the transport, which writes all of a loop turn's replies at once:
+            # no writer task to wake per round. Replies are bounded by the requests read, as the
+            # outbox's are.
+            encode = channel.family.encode
+
+            def send(response: Any) -> None:
+                try:
+                    send_nowait(encode(response))
+                except TransportError:
+                    pass  # closed: nobody left to answer, and the read loop ends on its own
+                except ProtocolError as exc:  # over our frame limit: the request fails, not the connection
+                    send_nowait(encode(_too_large(response, exc, conn.peer)))
+        else:
+            send = outbox.put
+            writer = asyncio.get_running_loop().create_task(_write_loop(channel, outbox))
         opened = False
         served = _SERVED
         read_budget = 0  # half our frame limit, unless the peer's is smaller (LimitedOpenRequest)
@@ -1468,6 +1484,13 @@ class _Outbox:
         await waiter
 
 
+def _too_large(response: Any, exc: ProtocolError, peer: str) -> sm.FailureResponse:
+    """What a request gets whose answer is over this node's frame limit (a record appended while
+    the node took larger frames): a failure naming the limit, so the connection goes on."""
+    log.warning("an answer to %s is over this node's transport.max_frame_size; answering with a failure: %s", peer, exc)
+    return failure_for(response, StorageError(f"the answer is over storage transport.max_frame_size: {exc}"))
+
+
 async def _write_loop(channel: MessageChannel, outbox: _Outbox) -> None:
     """Send responses as they come, all those ready in one write."""
     while True:
@@ -1478,15 +1501,23 @@ async def _write_loop(channel: MessageChannel, outbox: _Outbox) -> None:
             continue
         batch, outbox.items = outbox.items, []
         try:
-            await channel.send_many(batch)
+            try:
+                await channel.send_many(batch)
+            except ProtocolError:  # one of them over our frame limit: nothing was sent, so one at a time
+                for response in batch:
+                    try:
+                        await channel.send(response)
+                    except ProtocolError as exc:
+                        await channel.send(_too_large(response, exc, channel.conn.peer))
         except TransportError:
             return
 
 
-async def _drain_and_close(channel: MessageChannel, outbox: _Outbox, writer: asyncio.Task[None]) -> None:
-    outbox.close()
-    try:
-        await wait_for(writer, 5.0)
-    except (TimeoutError, asyncio.CancelledError):
-        writer.cancel()
+async def _drain_and_close(channel: MessageChannel, outbox: _Outbox, writer: asyncio.Task[None] | None) -> None:
+    if writer is not None:
+        outbox.close()
+        try:
+            await wait_for(writer, 5.0)
+        except (TimeoutError, asyncio.CancelledError):
+            writer.cancel()
     await channel.close()
