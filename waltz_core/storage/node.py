@@ -89,6 +89,15 @@ IO_ROUND_STALL_NOT_READY: Final = 5.0
 OPEN_RETRY_INTERVAL: Final = 1.0
 #: Seconds between log lines of a partition whose appends keep failing the same way.
 WRITE_FAILURE_LOG_INTERVAL: Final = 30.0
+#: With the node journal, the rounds start the writeback of what they wrote into the partitions'
+#: files once per this many bytes journaled, in all: a node's writeback then comes in steps of this
+#: size whatever its number of partitions. Per file, partitions that fill at the same rate (any
+#: hash-partitioned load) started theirs in the same round, N times this size at once, and the
+#: rounds' fdatasyncs queued behind it (docs/performance.md, "Writeback paced by the node").
+WRITEBACK_STEP: Final = 256 * 1024
+#: A partition with fewer bytes than this not yet started at a step waits for a later one, or for
+#: the checkpoint (at many partitions a step would otherwise be a system call per partition).
+WRITEBACK_MIN: Final = 16 * 1024
 _ROLE = "waltz-storage"
 
 
@@ -149,6 +158,10 @@ class _AppendGroup:
         self.chunks.clear()
         del self.offsets[:]
         self.count = self.nbytes = 0
+
+
+def _partition_id(worker: PartitionWorker) -> int:
+    return worker.partition_id
 
 
 def failure_for(req: Any, exc: BaseException) -> sm.FailureResponse:
@@ -240,6 +253,10 @@ class IoThread:
         self.journal_error: BaseException | None = None
         #: partitions with journaled records not yet synced in their own files
         self.dirty: set[PartitionWorker] = set()
+        #: bytes journaled since the rounds last started the writeback of the partitions' files
+        self._unstarted = 0
+        #: where the next writeback step starts among the dirty partitions (by partition id)
+        self._writeback_next = 0
         #: writing zeros ahead of the journal failed (a full disk?): not tried again until a checkpoint
         self._preallocation_failed = False
         #: time.monotonic() at the start of the round under way, 0.0 between rounds (read by health())
@@ -353,11 +370,34 @@ class IoThread:
                 worker.refuse_group(group, StorageError(f"partition {worker.partition_id}: journal write failed: "
                                                         f"{exc}"), replies)
             return
+        journaled = 0
         for worker, group in groups:
             self.dirty.add(worker)
+            journaled += len(group.joined)
             worker.journaled(group, replies)
+        self._unstarted += journaled
+        if self._unstarted >= WRITEBACK_STEP:
+            self._start_writeback()
         if journal.full:
             self.checkpoint_due()
+
+    def _start_writeback(self) -> None:
+        """Start the writeback of about :data:`WRITEBACK_STEP` bytes that the rounds wrote into
+        the dirty partitions' files, so a checkpoint has little left to write: partitions in
+        turn, from where the last step stopped, each with at least :data:`WRITEBACK_MIN` not yet
+        started. Partitions that fill at the same rate reach that minimum in the same round; all
+        of them at once would be the burst the steps are there to avoid."""
+        self._unstarted = 0
+        workers = sorted(self.dirty, key=_partition_id)
+        started, n = 0, len(workers)
+        first = self._writeback_next % n if n else 0
+        for k in range(n):
+            start = getattr(workers[(first + k) % n].store, "start_lazy_writeback", None)
+            if start is not None:
+                started += start(WRITEBACK_MIN)
+                if started >= WRITEBACK_STEP:
+                    self._writeback_next = first + k + 1
+                    return
 
     def make_room(self) -> None:
         """After a round's replies are out: write zeros ahead of the journal's rounds when they
@@ -399,6 +439,7 @@ class IoThread:
             for worker in dirty:
                 worker.sync_store()
             journal.reset()
+            self._unstarted = 0
             self._preallocation_failed = False
             self._m_checkpoint.observe(time.perf_counter() - started)
         except Exception as exc:

@@ -89,8 +89,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-#: with ``lazy_writeback``, a data file's writeback is started once per this many bytes written
-LAZY_WRITEBACK_BYTES = 256 * 1024
 #: with ``lazy_writeback``, batches are gathered in memory up to this many bytes and written with
 #: one pwrite: at one record per append, that pwrite was about a fifth of a storage's CPU
 #: (docs/performance.md, "Many partitions, and what is left"); per partition, at most
@@ -608,8 +606,8 @@ class SegmentedPartition:
         (:class:`~.layout.DeferredSyncStore`). With ``lazy_writeback`` (the node journal makes
         the records durable; the data file's sync waits for a checkpoint) small batches are
         gathered in memory and written together once :data:`PENDING_WRITE_BYTES` are reached, or
-        before the store is read, synced, truncated or closed; the writeback starts once per
-        :data:`LAZY_WRITEBACK_BYTES` written, so a checkpoint has little left to write."""
+        before the store is read, synced, truncated or closed, and their writeback starts when
+        the node calls :meth:`start_lazy_writeback`."""
         self._check_open()
         if not offsets:
             return
@@ -631,13 +629,8 @@ class SegmentedPartition:
         elif len(pending) + len(records) < PENDING_WRITE_BYTES:
             pending += records  # written with the next ones: see PENDING_WRITE_BYTES
         else:
-            first = start - len(pending)
-            pwritev_all(tail.data_fd, [pending, records], first)
+            pwritev_all(tail.data_fd, [pending, records], start - len(pending))
             pending.clear()
-            if end - self._writeback_end >= LAZY_WRITEBACK_BYTES or self._writeback_end > first:
-                begin = min(self._writeback_end, first)
-                start_writeback(tail.data_fd, begin, end - begin)
-                self._writeback_end = end
         if not self._unsynced:
             self._unsynced = True
             self._synced_end = (start, tail.count)  # where the store goes back to if the sync fails
@@ -655,6 +648,25 @@ class SegmentedPartition:
             assert tail is not None
             _pwrite_all(tail.data_fd, pending, tail.data_end - len(pending))
             pending.clear()
+
+    def start_lazy_writeback(self, min_bytes: int = 0) -> int:
+        """Start the writeback of the bytes written into the tail's data file since the last
+        start, if there are at least ``min_bytes`` (and not those still gathered in memory): the
+        bytes started. A node journal's rounds call it for every partition they wrote, once per
+        so many bytes in all, so that a node's writeback comes in steps of the same size whatever
+        its number of partitions (docs/performance.md, "Writeback paced by the node")."""
+        tail = self._tail
+        if tail is None or not self._unsynced:
+            return 0  # nothing written since the last sync
+        written = tail.data_end - len(self._pending)
+        first_unsynced = self._synced_end[0]
+        begin = self._writeback_end if first_unsynced <= self._writeback_end <= written else first_unsynced
+        nbytes = written - begin
+        if nbytes <= 0 or nbytes < min_bytes:
+            return 0
+        start_writeback(tail.data_fd, begin, nbytes)
+        self._writeback_end = written
+        return nbytes
 
     def start_writeback(self) -> None:
         """Start writing what :meth:`sync_written` would make durable, without waiting (a node's
