@@ -24,8 +24,7 @@ from waltz_core.storage.format import HEADER_SIZE
 from waltz_core.storage.journal import (
     ENTRIES_START,
     JOURNAL_DIRECTORY,
-    PREALLOCATE_FIRST_STEP,
-    PREALLOCATE_MAX_STEP,
+    PREALLOCATE_STEP,
     NodeJournal,
     journal_paths,
     read_journal,
@@ -135,7 +134,7 @@ def test_the_journal_is_full_at_its_checkpoint_size(tmp_path: Path) -> None:
     journal.close()
 
 
-def test_zeros_are_written_ahead_of_the_rounds_in_growing_steps_and_read_as_the_end(tmp_path: Path) -> None:
+def test_zeros_are_written_ahead_of_the_rounds_in_steps_and_read_as_the_end(tmp_path: Path) -> None:
     path = tmp_path / "io-0.wal"
     journal = NodeJournal(path, checkpoint_bytes=64 << 20)
     journal.append([_entry(0, 3)])
@@ -145,7 +144,7 @@ def test_zeros_are_written_ahead_of_the_rounds_in_growing_steps_and_read_as_the_
         journal.preallocate()
         sizes.append(path.stat().st_size)
     steps = [b - a for a, b in zip([journal.position, *sizes], sizes, strict=False)]
-    assert steps == [PREALLOCATE_FIRST_STEP, 2 * PREALLOCATE_FIRST_STEP, PREALLOCATE_MAX_STEP, PREALLOCATE_MAX_STEP]
+    assert steps == [PREALLOCATE_STEP] * 4  # one size: larger steps are a larger burst on the disk
     assert not journal.wants_room
     # Written, not sparse: the blocks exist, so the rounds' fdatasyncs allocate nothing.
     assert path.stat().st_blocks * 512 >= sizes[-1] - 4096
@@ -713,8 +712,7 @@ async def test_after_a_round_a_node_writes_zeros_ahead_of_its_journal(tmp_path: 
         # One step, from the header (after a round before the append's) or from the append's end,
         # and not past the generation's checkpoint point.
         ahead = path.stat().st_size
-        assert ahead in {min(start + PREALLOCATE_FIRST_STEP, journal._limit) for start in (ENTRIES_START,
-                                                                                          journal.position)}
+        assert ahead in {min(start + PREALLOCATE_STEP, journal._limit) for start in (ENTRIES_START, journal.position)}
         await c.append(1, 0, make_records(3, 2))  # over the zeros: no room wanted yet
         await asyncio.sleep(0.05)
         assert path.stat().st_size == ahead and not journal.wants_room

@@ -86,11 +86,13 @@ _CRC = struct.Struct("<I")
 ENTRY_HEAD_SIZE = _HEAD.size
 #: the largest entry a reader believes (a head claiming more is garbage, not a record batch)
 _MAX_ENTRY_BYTES = 1 << 30
-#: zeros written ahead of the rounds: the first step, and the step it doubles up to
-PREALLOCATE_FIRST_STEP = 256 * 1024
+#: zeros written ahead of the rounds at a time, while a journal grows (a new node's first
+#: generation). The three replicas of a partition write them at the same moments; steps of 1 MiB
+#: made the next rounds' fdatasyncs wait behind 3 MiB of writes on a shared disk (an open loop's
+#: p99.9 of 13.9 against 10.8 ms, docs/performance.md, "Writeback paced by the node").
+PREALLOCATE_STEP = 256 * 1024
 #: errnos that mean "no room": the operator frees space (other OSErrors: the operator fixes the cause)
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-PREALLOCATE_MAX_STEP = 1024 * 1024
 _ZEROS = bytes(64 * 1024)  #: a step is written as this buffer repeated (one pwritev)
 
 
@@ -232,8 +234,7 @@ class NodeJournal:
             #: the file's size: what lies between the position and it was written before (old
             #: entries or zeros), so the rounds' writes there allocate nothing
             self._allocated = os.fstat(self._fd).st_size
-            self._step = PREALLOCATE_FIRST_STEP  #: the next preallocation's size
-            self._ahead = PREALLOCATE_FIRST_STEP // 2  #: room wanted below this many bytes of zeros ahead
+            self._ahead = PREALLOCATE_STEP // 2  #: room wanted below this many bytes of zeros ahead
             self.reset()
         except BaseException:
             os.close(self._fd)
@@ -253,8 +254,8 @@ class NodeJournal:
 
     @property
     def wants_room(self) -> bool:
-        """The rounds' writes are within half the last step of the file's end, and this
-        generation may still go past it: time to :meth:`preallocate`."""
+        """The rounds' writes are within half a step of the file's end, and this generation may
+        still go past it: time to :meth:`preallocate`."""
         return self._allocated - self._position < self._ahead and self._allocated < self._limit
 
     def preallocate(self) -> None:
@@ -264,15 +265,13 @@ class NodeJournal:
         on it: after an OSError (a full disk) the entries are as they were, and the next rounds
         extend the file themselves."""
         start = max(self._allocated, self._position)
-        nbytes = min(self._step, self._limit - start)
+        nbytes = min(PREALLOCATE_STEP, self._limit - start)
         if nbytes <= 0:
             return
         chunks, rest = divmod(nbytes, len(_ZEROS))
         pwritev_all(self._fd, [_ZEROS] * chunks + ([memoryview(_ZEROS)[:rest]] if rest else []), start)
         start_writeback(self._fd, start, nbytes)
         self._allocated = start + nbytes
-        self._ahead = self._step // 2
-        self._step = min(2 * self._step, PREALLOCATE_MAX_STEP)
 
     def append(self, entries: Sequence[tuple[int, int, int, bytes | memoryview]]) -> None:
         """Write ``(partition id, first transaction id, count, records)`` entries with one write
