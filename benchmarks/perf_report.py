@@ -77,10 +77,14 @@ COMPARED: tuple[tuple[str, int, dict[str, int]], ...] = (
 )
 
 
+def _median_index(values: list[float]) -> int:
+    """Where the median of ``values`` is (the upper one of an even count)."""
+    return sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]
+
+
 def _median_row(name: str, results: list[ProduceResult]) -> tuple[ProduceResult, dict[str, Any]]:
     """The run of median rate, with every run's rate and total CPU per transaction in its row."""
-    order = sorted(range(len(results)), key=lambda i: results[i].txn_per_s)
-    median = results[order[len(order) // 2]]
+    median = results[_median_index([r.txn_per_s for r in results])]
     row = _produce_row(name, median)
     if len(results) > 1:
         row["shape"] += f", median of {len(results)}"
@@ -93,8 +97,7 @@ def _median_row(name: str, results: list[ProduceResult]) -> tuple[ProduceResult,
 def _median_tail_row(name: str, results: list[ProduceResult]) -> dict[str, Any]:
     """The run of median p99.9, with every run's p99.9 in its row (``runs_p99.9_ms``)."""
     tails = [r.latency.summary_ms()["p99.9"] for r in results]
-    order = sorted(range(len(results)), key=lambda i: tails[i])
-    row = _produce_row(name, results[order[len(order) // 2]])
+    row = _produce_row(name, results[_median_index(tails)])
     if len(results) > 1:
         row["shape"] += f", median of {len(results)} by p99.9"
         row["runs_p99.9_ms"] = tails
@@ -179,7 +182,7 @@ async def _produce_shapes(args: argparse.Namespace) -> tuple[list[dict[str, Any]
     # memory (tmpfs: its fdatasyncs cost nothing, what is left is CPU and hand-offs).
     floors = [await _disk_floor(args, rate, loop) for loop in loops]
     floor_runs = [f.commit_ms["p99.9"] for f in floors]
-    floor = floors[sorted(range(len(floors)), key=lambda i: floor_runs[i])[len(floors) // 2]]
+    floor = floors[_median_index(floor_runs)]
     no_disk = f"1 partition, open loop {rate:,.0f}/s{IN_MEMORY}"
     if (skipped := _no_tmpfs(MEMORY_DIRECTORY)) is None:
         async with local_cluster(1, keep_dir=MEMORY_DIRECTORY) as in_memory:

@@ -44,6 +44,7 @@ import uuid
 from array import array
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -158,10 +159,6 @@ class _AppendGroup:
         self.chunks.clear()
         del self.offsets[:]
         self.count = self.nbytes = 0
-
-
-def _partition_id(worker: PartitionWorker) -> int:
-    return worker.partition_id
 
 
 def failure_for(req: Any, exc: BaseException) -> sm.FailureResponse:
@@ -388,7 +385,7 @@ class IoThread:
         started. Partitions that fill at the same rate reach that minimum in the same round; all
         of them at once would be the burst the steps are there to avoid."""
         self._unstarted = 0
-        workers = sorted(self.dirty, key=_partition_id)
+        workers = sorted(self.dirty, key=attrgetter("partition_id"))
         started, n = 0, len(workers)
         first = self._writeback_next % n if n else 0
         for k in range(n):
