@@ -132,6 +132,42 @@ async def test_stalled_heartbeat_expires_the_session(tmp_path: Path) -> None:
         await observer.close()
 
 
+async def test_an_idle_backend_reads_the_store_only_after_a_write_or_once_per_full_interval(tmp_path: Path) -> None:
+    # Each poll of the store is a hop to the worker thread; 20 a second cost an idle process
+    # 2 % of a core. A stat of the store's WAL file tells whether there is anything to read.
+    options = LocalOptions(poll_interval=0.01)
+    idle = LocalCoordination(CoordinationConfig(connect=str(tmp_path), session_timeout=10.0), options)
+    polls: list[float] = []
+    poll_sync = idle._poll_sync
+
+    def counted(last_revision: int) -> tuple[int, set[str] | None]:
+        polls.append(time.monotonic())
+        return poll_sync(last_revision)
+
+    idle._poll_sync = counted  # type: ignore[method-assign]
+    writer = await started(tmp_path, timeout=10.0)
+    await idle.start()
+    try:
+        seen: list[float] = []
+        idle.watch("/k", lambda: seen.append(time.monotonic()))
+        await asyncio.sleep(0.1)
+        polls.clear()
+        await asyncio.sleep(0.6)
+        # 60 checks at 0.01 s; the store is read at most once a second when nothing was written
+        assert len(polls) <= 1, polls
+        written_at = time.monotonic()
+        await writer.create("/k", b"v")
+        await eventually(lambda: bool(seen), 5, "the watch fires for another backend's write")
+        assert seen[0] - written_at < 0.5, seen[0] - written_at  # seen at the next check, not the next full poll
+        # with no write, the full poll still comes, every session_timeout / 10 (1 s at most)
+        polls.clear()
+        await asyncio.sleep(1.5)
+        assert 1 <= len(polls) <= 3, polls
+    finally:
+        await idle.close()
+        await writer.close()
+
+
 async def test_store_survives_restart_and_versions_never_repeat(tmp_path: Path) -> None:
     first = await started(tmp_path)
     v1 = await first.create("/k", b"1")
