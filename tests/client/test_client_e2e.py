@@ -169,10 +169,10 @@ async def test_a_slow_application_holds_the_feed_back_without_losing_or_reorderi
 class RawAppend(TransactionContext):
     """``size`` bytes of data on partition 0, with ``locks`` write locks."""
 
-    def __init__(self, size: int, locks: int = 0) -> None:
+    def __init__(self, size: int, locks: int = 0, lock_name: str = "k") -> None:
         super().__init__()
         self.data = bytes(range(256)) * (size // 256) + bytes(size % 256)
-        self.locks = [PartitionLocalLock(f"k{i}", 0) for i in range(locks)]
+        self.locks = [PartitionLocalLock(f"{lock_name}{i}", 0) for i in range(locks)]
         self.events: list[object] = []
 
     def partition_id(self, num_partitions: int) -> int:
@@ -278,7 +278,9 @@ async def test_appends_the_server_refuses_end_with_the_error_and_are_not_retried
             over_frame = RawAppend(max_frame)  # its frame is over the server's limit
             over_record = RawAppend(max_frame - 60)  # fits the server's frames, not its records
             too_many_locks = RawAppend(10, locks=3)
-            fits = RawAppend(100, locks=2)
+            # other locks than too_many_locks': an append in flight that writes a lock holds back the
+            # client's next transaction on it until decided (tests/client/test_held_locks.py)
+            fits = RawAppend(100, locks=2, lock_name="f")
             with caplog.at_level("WARNING"):
                 for context in (over_frame, over_record, too_many_locks, fits):
                     await client.submit(context)

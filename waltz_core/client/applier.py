@@ -172,6 +172,8 @@ class Applier:
         """What follows each batch; False if the apply failed (the caller recovers)."""
         if p.lock_waits:
             self._sender.release_lock_waits(p)
+        if p.held.applying:
+            self._sender.release_applied(p)
         self._ctx.ping()
         if failure is not None:
             return False

@@ -100,11 +100,14 @@ class AsyncWaltzClient:
         self.metrics = MetricsRegistry("waltz_client")
         lock_failures = self.metrics.counter(
             "lock_failures", "Appends of this client rejected by a server's lock table")
+        lock_waits = self.metrics.counter(
+            "lock_waits", "Transactions held back, not sent, because an own append not yet applied advances one of "
+                          "their locks (executed again once it is applied or failed)")
         retries = self.metrics.counter(
             "retries", "Transactions queued for re-execution (append failed or lock-failed)")
         commit_latency = self.metrics.histogram(
             "commit_latency_seconds", "Seconds from sending an append to seeing it committed in the feed")
-        self._sender = Sender(ctx, lock_failures=lock_failures, retries=retries)
+        self._sender = Sender(ctx, lock_failures=lock_failures, lock_waits=lock_waits, retries=retries)
         self._streams = Streams(ctx, self._sender, commit_latency)
         self._rpc = Rpc(ctx)
         self._data_reader = DataReader(ctx, self._rpc)  #: data fetches: ranges and the sequential read-ahead
@@ -220,7 +223,7 @@ class AsyncWaltzClient:
 
     async def _deactivate(self, p: Partition) -> None:
         ctx = self._ctx
-        while (len(p.session) or p.lock_waits or p.inflight) and not ctx.closed:
+        while (len(p.session) or p.lock_waits or p.held or p.inflight) and not ctx.closed:
             if p.session.wants_flush():
                 self._sender.send_flush(p)
             await ctx.wait_change(0.05)
@@ -275,7 +278,7 @@ class AsyncWaltzClient:
                     busy = True
                     if session.wants_flush():
                         sender.send_flush(p)
-                if p.inflight or p.lock_waits or session.hwm < session.received:
+                if p.inflight or p.lock_waits or p.held or session.hwm < session.received:
                     busy = True
             if not busy and sender.idle():
                 return

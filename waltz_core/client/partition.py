@@ -3,8 +3,9 @@
 The session (pure) holds the protocol state: mount state, generation, client high-water mark,
 what the feed delivered, pending appends and flushes. :class:`Partition` adds what lives on the
 event loop: the server link, the ``ready`` event submitters wait on, in-flight slots (back
-pressure), lock-failed appends waiting for their conflict, the feed queue the applier drains,
-and own transactions seen committed but not applied yet.
+pressure), lock-failed appends waiting for their conflict, the locks own appends will advance
+(and transactions held back on them), the feed queue the applier drains, and own transactions
+seen committed but not applied yet.
 
 The state comes from the session only. Every event that can change it goes through a method of
 :class:`Partition` (:meth:`~Partition.bind`, :meth:`~Partition.mount`, :meth:`~Partition.receive`,
@@ -77,11 +78,150 @@ class LockWaits:
         return out
 
 
+class HeldLocks:
+    """The locks this client's own appends will advance (their write and append locks) while they
+    are in flight, or committed and not yet applied; and the transactions held back on them.
+
+    A transaction that writes or reads such a lock was executed before that append was applied,
+    so the server's lock check would fail it for certain once that append commits: it is not
+    sent. It waits here until the append is applied (or failed), then is executed again. Lock
+    failures between this client's own transactions so cost neither a server's decision nor a
+    round trip; conflicts with other clients' transactions are still the server's to find.
+
+    A freed lock goes to the oldest transaction waiting for it, reserved to it until its next
+    execution ends: the others would only be held back again, each execution a waste. So one
+    client's transactions on a hot lock go one at a time, each executed twice, not all again
+    after every commit. A reservation holds back only transactions that have none: one that
+    has a reservation waits only for appends. Otherwise two of them, each reserved a lock the
+    other needs, would hand their locks on and execute again for ever.
+    """
+
+    __slots__ = ("locks", "reserved", "_applied", "_waits", "_tie")
+
+    def __init__(self) -> None:
+        #: lock hash -> own appends that will advance it (in flight, or committed and not applied)
+        self.locks: dict[int, int] = {}
+        #: lock hash -> transactions it is reserved to (one, but for a lock a holder took back)
+        self.reserved: dict[int, int] = {}
+        self._applied: list[tuple[int, int, tuple[int, ...]]] = []  # (transaction id, tie, locks) heap
+        self._waits: dict[int, deque[tuple[TransactionContext, int]]] = {}
+        self._tie = itertools.count()
+
+    def __len__(self) -> int:
+        """Transactions held back."""
+        return sum(len(w) for w in self._waits.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._waits)
+
+    def conflict(self, write_locks: tuple[int, ...], read_locks: tuple[int, ...], has_reservation: bool = False) -> int | None:
+        """A lock of the transaction that an own append will advance, or that is reserved to
+        another transaction (unless this one ``has_reservation``), if any."""
+        locks = self.locks
+        reserved = None if has_reservation or not self.reserved else self.reserved
+        for lock in write_locks:
+            if lock in locks or (reserved is not None and lock in reserved):
+                return lock
+        for lock in read_locks:
+            if lock in locks or (reserved is not None and lock in reserved):
+                return lock
+        return None
+
+    def hold(self, locks: tuple[int, ...]) -> None:
+        """An append that advances ``locks`` is being sent."""
+        held = self.locks
+        for lock in locks:
+            held[lock] = held.get(lock, 0) + 1
+
+    def wait(self, lock: int, context: TransactionContext, attempts: int) -> None:
+        """Hold ``context`` (executed ``attempts`` times) back until ``lock`` is released to it."""
+        waiting = self._waits.get(lock)
+        if waiting is None:
+            waiting = self._waits[lock] = deque()
+        waiting.append((context, attempts))
+
+    def wait_first(self, lock: int, context: TransactionContext, attempts: int) -> None:
+        """Like :meth:`wait`, ahead of the others: for the holder of ``lock`` whose append failed
+        its lock check (it is older than every transaction it held back)."""
+        waiting = self._waits.get(lock)
+        if waiting is None:
+            waiting = self._waits[lock] = deque()
+        waiting.appendleft((context, attempts))
+
+    def committed(self, transaction_id: int, locks: tuple[int, ...]) -> None:
+        """The append holding ``locks`` committed: they are released once it is applied."""
+        heapq.heappush(self._applied, (transaction_id, next(self._tie), locks))
+
+    @property
+    def applying(self) -> bool:
+        """Committed appends wait to be applied."""
+        return bool(self._applied)
+
+    def release_applied(self, client_high_water_mark: int) -> list[tuple[TransactionContext, int, int]]:
+        """Release the locks of the appends the application applied (see :meth:`release`)."""
+        applied = self._applied
+        out: list[tuple[TransactionContext, int, int]] = []
+        while applied and applied[0][0] <= client_high_water_mark:
+            out.extend(self.release(heapq.heappop(applied)[2]))
+        return out
+
+    def release(self, locks: tuple[int, ...]) -> list[tuple[TransactionContext, int, int]]:
+        """An append that held ``locks`` failed or was applied. For each lock that is free now
+        (no append, no reservation) and that a transaction waits for: ``(context, attempts,
+        lock)`` of the oldest one, which the lock is now reserved to; the caller executes it
+        again and then ends the reservation with :meth:`end_reservation`."""
+        held = self.locks
+        out: list[tuple[TransactionContext, int, int]] = []
+        for lock in locks:
+            n = held.get(lock, 0) - 1
+            if n > 0:
+                held[lock] = n
+                continue
+            held.pop(lock, None)
+            self._pass(lock, out)
+        return out
+
+    def end_reservation(self, lock: int) -> list[tuple[TransactionContext, int, int]]:
+        """An execution of the transaction ``lock`` was reserved to ended; what :meth:`release`
+        returns (its append, if it took the lock, holds it now)."""
+        reserved = self.reserved
+        n = reserved.get(lock, 0) - 1
+        if n > 0:
+            reserved[lock] = n
+            return []
+        reserved.pop(lock, None)
+        out: list[tuple[TransactionContext, int, int]] = []
+        self._pass(lock, out)
+        return out
+
+    def _pass(self, lock: int, out: list[tuple[TransactionContext, int, int]]) -> None:
+        """Reserve ``lock`` to its oldest waiter, if it is free and somebody waits."""
+        if lock in self.locks or lock in self.reserved:
+            return
+        waiting = self._waits.get(lock)
+        if not waiting:
+            return
+        context, attempts = waiting.popleft()
+        if not waiting:
+            del self._waits[lock]
+        self.reserved[lock] = 1
+        out.append((context, attempts, lock))
+
+    def drain(self) -> list[TransactionContext]:
+        """Closing: the transactions held back; everything is forgotten."""
+        out = [context for waiting in self._waits.values() for context, _ in waiting]
+        self._waits.clear()
+        self.locks.clear()
+        self.reserved.clear()
+        self._applied.clear()
+        return out
+
+
 class Partition:
     """One partition of one client (see the module docstring)."""
 
     __slots__ = ("id", "session", "owner", "link", "ready", "mount_retry", "inflight", "slot_waiters", "feed",
-                 "consumer", "own", "completed", "lock_waits")
+                 "consumer", "own", "completed", "lock_waits", "held")
 
     def __init__(self, partition_id: int, client_id: int, high_water_mark: int) -> None:
         self.id = partition_id
@@ -103,6 +243,8 @@ class Partition:
         #: (called once, even if the apply is repeated)
         self.completed: set[int] = set()
         self.lock_waits = LockWaits()
+        #: locks own appends will advance, and the transactions held back on them
+        self.held = HeldLocks()
 
     def __repr__(self) -> str:
         return f"Partition({self.session!r}, inflight={self.inflight})"

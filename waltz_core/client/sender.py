@@ -16,7 +16,9 @@
 An append's fate comes back through the stream (:mod:`.stream`, decided by the session): committed
 (the slot is released), failed (released, queued for re-execution), lock-failed (released, waits in
 the partition's :class:`~.partition.LockWaits` until the application applied the conflicting
-transaction, then queued). The retry workers (``client.num_retry_workers``) take the queue and
+transaction, then queued). A transaction that writes or reads a lock an own append in flight
+(or not yet applied) will advance is not sent: it waits in the partition's
+:class:`~.partition.HeldLocks` until that append is applied or failed, then is queued. The retry workers (``client.num_retry_workers``) take the queue and
 run the same path with ``attempts`` > 0. The nudge loop flushes a partition whose oldest pending
 append waited longer than ``client.long_wait_threshold`` (the flush rule then decides it).
 
@@ -76,7 +78,7 @@ def _expired(context: TransactionContext, attempts: int) -> bool:
 class Sender:
     """Submits, sends and re-executes the transactions of one client (see the module docstring)."""
 
-    def __init__(self, ctx: ClientContext, *, lock_failures: Counter, retries: Counter) -> None:
+    def __init__(self, ctx: ClientContext, *, lock_failures: Counter, lock_waits: Counter, retries: Counter) -> None:
         self._ctx = ctx
         self._partitions = ctx.partitions
         self._cap = ctx.config.client.max_concurrent_transactions
@@ -86,12 +88,16 @@ class Sender:
         #: transactions that ended refused (a server's smaller limits, its refusals): logged 1st, 2nd, 4th, ...
         self._refusals = 0
         self._m_lock_failures = lock_failures
+        self._m_lock_waits = lock_waits
         self._m_retries = retries
         #: contexts to execute again, with their executions so far: a deque the retry workers
         #: take from, woken one per queued context (an asyncio.Queue costs a coroutine per get)
         self._queue: deque[tuple[TransactionContext, int]] = deque()
         self._idle_workers: deque[asyncio.Future[None]] | None = None  #: set by start()
         self._retrying = 0  #: contexts a retry worker took and has not finished with
+        #: id(context) -> (partition, lock): a freed lock reserved to a held-back transaction
+        #: until its next execution ends
+        self._reserved: dict[int, tuple[Partition, int]] = {}
 
     def start(self) -> None:
         """Start the retry workers and the nudge loop (on the client's loop)."""
@@ -248,12 +254,34 @@ class Sender:
             limit = link.max_append_body
             if limit is not None and limit < self._max_append_body and self._over(p, link, context, builder, limit):
                 return
+        w, r, a = builder.write_locks, builder.read_locks, builder.append_locks
+        held = p.held
+        if (held.locks or held.reserved) and (w or r):
+            reservation = self._reserved.get(id(context)) if self._reserved else None
+            lock = held.conflict(w, r, reservation is not None and reservation[0] is p)
+            if lock is not None:
+                self._hold_back(p, context, attempts, lock)
+                return
+        advances = (w + a if a else w) or None
+        if advances is not None:
+            held.hold(advances)
         session = p.session
-        seq = session.append(context, attempts, time.monotonic())
+        seq = session.append(context, attempts, time.monotonic(), advances)
         if link is not None:
             link.post_frame(m.encode_append(session.client_id, session.generation, p.id, seq,
-                                            builder.client_high_water_mark, builder.write_locks, builder.read_locks,
-                                            builder.append_locks, builder.header, builder.data, builder.checksum))
+                                            builder.client_high_water_mark, w, r, a, builder.header, builder.data,
+                                            builder.checksum))
+
+    def _hold_back(self, p: Partition, context: TransactionContext, attempts: int, lock: int) -> None:
+        """Not sent: an own append will advance ``lock``, which this transaction (executed before
+        that append was applied) writes or reads, so the server would fail it for certain. It
+        goes again once that append is applied or has failed (see :class:`~.partition.HeldLocks`)."""
+        p.release_slot()
+        self._m_lock_waits.inc()
+        ctx = self._ctx
+        ctx.notify_soon(context.on_lock_failure)
+        p.held.wait(lock, context, attempts)
+        ctx.ping()
 
     def _over(self, p: Partition, link: ServerLink, context: TransactionContext, builder: TransactionBuilder,
               limit: int) -> bool:
@@ -284,7 +312,36 @@ class Sender:
         """Appends the session decided FAILED: free their slots and execute them again."""
         for entry in entries:
             p.release_slot()
+            if entry.held is not None:
+                self._release(p, entry)
             self.retry(entry)
+
+    def committed(self, p: Partition, entry: Pending, transaction_id: int) -> None:
+        """An own append committed: the locks it advances are released once it is applied."""
+        if entry.held is not None:
+            p.held.committed(transaction_id, entry.held)
+            entry.held = None
+
+    def _release(self, p: Partition, entry: Pending) -> None:
+        """The append of ``entry`` will not commit: release its locks."""
+        held, entry.held = entry.held, None
+        assert held is not None
+        self._reserve(p, p.held.release(held))
+
+    def _reserve(self, p: Partition, released: list[tuple[TransactionContext, int, int]]) -> None:
+        """Execute again the transactions a freed lock was reserved to; each reservation ends
+        when that execution does (:meth:`_end_reservation`)."""
+        for context, attempts, lock in released:
+            self._reserved[id(context)] = (p, lock)
+            self._requeue(context, attempts)
+
+    def _end_reservation(self, context: TransactionContext) -> None:
+        """An execution of ``context`` ended (sent, held back, refused by ``execute``, failed): the
+        lock reserved to it goes on to the next waiter unless its append now holds it."""
+        reservation = self._reserved.pop(id(context), None)
+        if reservation is not None:
+            p, lock = reservation
+            self._reserve(p, p.held.end_reservation(lock))
 
     def lock_failed(self, p: Partition, decision: LockFailed[TransactionContext]) -> None:
         """An append failed its lock check: retry once the client applied the conflicting transaction."""
@@ -293,8 +350,17 @@ class Sender:
         self._m_lock_failures.inc()
         ctx = self._ctx
         ctx.notify_soon(entry.item.on_lock_failure)
+        held = entry.held
         if decision.applied:
+            if held is not None:
+                self._release(p, entry)
             self.retry(entry)
+        elif held is not None:
+            # What it held back would be as stale as it was: its locks stay held until the
+            # conflicting transaction is applied, and then go to it first.
+            entry.held = None
+            p.held.committed(decision.transaction_id, held)
+            p.held.wait_first(held[0], entry.item, entry.attempts)
         else:
             p.lock_waits.add(decision.transaction_id, entry)
         ctx.ping()
@@ -302,6 +368,8 @@ class Sender:
     def refused(self, p: Partition, decision: Refused[TransactionContext]) -> None:
         """The server will never take this append: its transaction ends with the error, no retry."""
         p.release_slot()
+        if decision.entry.held is not None:
+            self._release(p, decision.entry)
         exc = error_from_wire(decision.error_code, decision.message)
         self._log_refusal("partition %d refused an append of %s: %s", p.id, type(decision.entry.item).__name__, exc)
         self._ctx.notify_soon(decision.entry.item.on_exception, exc)
@@ -321,12 +389,19 @@ class Sender:
         for entry in p.lock_waits.release(p.session.hwm):
             self.retry(entry)
 
+    def release_applied(self, p: Partition) -> None:
+        """After an apply batch: the locks of own appends applied are free; what waited goes again."""
+        self._reserve(p, p.held.release_applied(p.session.hwm))
+
     def retry(self, entry: Pending) -> None:
+        self._requeue(entry.item, entry.attempts)
+
+    def _requeue(self, context: TransactionContext, attempts: int) -> None:
         ctx = self._ctx
         if not ctx.closed:
             idle = self._idle_workers
             assert idle is not None
-            self._queue.append((entry.item, entry.attempts))
+            self._queue.append((context, attempts))
             if idle:
                 self._wake_one(idle)
             self._m_retries.inc()
@@ -371,6 +446,8 @@ class Sender:
                 await ctx.notify(context.on_exception, exc)
             finally:
                 self._retrying -= 1
+                if self._reserved:
+                    self._end_reservation(context)
                 ctx.ping()
 
     async def _nudge_loop(self) -> None:
@@ -394,12 +471,13 @@ class Sender:
         """Appends in flight, waiting for a lock retry, or queued for re-execution."""
         if not self.idle():
             return True
-        return any(p.inflight or p.lock_waits for p in self._partitions.values())
+        return any(p.inflight or p.lock_waits or p.held for p in self._partitions.values())
 
     def pending_count(self) -> int:
         """For the pending-appends gauge, from any thread (the partition list is copied first)."""
         queued = len(self._queue)
-        return sum(len(p.session) + len(p.lock_waits) for p in list(self._partitions.values())) + queued + self._retrying
+        return sum(len(p.session) + len(p.lock_waits) + len(p.held)
+                   for p in list(self._partitions.values())) + queued + self._retrying
 
     def abandon(self) -> list[TransactionContext]:
         """Closing: every context whose outcome is unknown (in flight, waiting for a lock retry,
@@ -408,6 +486,8 @@ class Sender:
         for p in self._partitions.values():
             unknown.extend(e.item for e in p.session.abandon())
             unknown.extend(e.item for e in p.lock_waits.drain())
+            unknown.extend(p.held.drain())
+        self._reserved.clear()
         queue = self._queue
         while queue:
             unknown.append(queue.popleft()[0])

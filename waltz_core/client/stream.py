@@ -141,6 +141,8 @@ class Streams:
         entry = session.on_feed(client_id, seq, tid)
         if entry is not None:
             p.own[tid] = entry.item  # the applier finds it there (a redelivery too)
+            if entry.held is not None:
+                self._sender.committed(p, entry, tid)
             if p.slot_waiters:
                 p.release_slot()  # passes the slot on
             else:

@@ -148,13 +148,15 @@ class PendingAppend(Generic[T]):
     """An append sent and not yet decided. One per append: a slots class, not attrs, since it is
     made on the per-transaction path. ``item`` is the driver's (the client's transaction context)."""
 
-    __slots__ = ("seq", "item", "attempts", "registered")
+    __slots__ = ("seq", "item", "attempts", "registered", "held")
 
-    def __init__(self, seq: int, item: T, attempts: int, registered: float) -> None:
+    def __init__(self, seq: int, item: T, attempts: int, registered: float,
+                 held: tuple[int, ...] | None = None) -> None:
         self.seq = seq
         self.item = item
         self.attempts = attempts  #: executions of the transaction so far, this one included
         self.registered = registered  #: the driver's clock when it was sent
+        self.held = held  #: the driver's: the lock hashes it holds for this append until decided
 
     def __repr__(self) -> str:
         return f"PendingAppend(seq={self.seq}, attempts={self.attempts}, item={self.item!r})"
@@ -318,11 +320,12 @@ class Session(Generic[T]):
         self._flush_targets.clear()
         return out
 
-    def append(self, item: T, attempts: int, now: float) -> int:
-        """An append is being sent: its sequence number (the ReqId ``seq_num`` to send it with)."""
+    def append(self, item: T, attempts: int, now: float, held: tuple[int, ...] | None = None) -> int:
+        """An append is being sent: its sequence number (the ReqId ``seq_num`` to send it with).
+        ``held``: kept on its entry for the driver (the locks it holds for the append)."""
         self._last = count = self._last + 1
         seq = count & SEQ_MASK
-        self._pending[count] = PendingAppend(seq, item, attempts, now)
+        self._pending[count] = PendingAppend(seq, item, attempts, now, held)
         return seq
 
     def flush(self) -> m.FlushRequest:
