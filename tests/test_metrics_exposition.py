@@ -219,8 +219,9 @@ async def test_client_metrics_count_lock_failures_retries_and_commits() -> None:
     assert v[("waltz_client_high_water_mark", (("partition", "0"),))] == app.hwm == 6
     assert v[("waltz_client_high_water_mark", (("partition", "1"),))] == -1
     assert v[("waltz_client_pending_appends", ())] == 0
+    assert v[("waltz_client_lock_waits_total", ())] == 0  # the writes take no locks: nothing held back
     assert {name: f.type for name, f in parsed.items()} == {
-        "waltz_client_lock_failures": "counter", "waltz_client_retries": "counter",
+        "waltz_client_lock_failures": "counter", "waltz_client_lock_waits": "counter", "waltz_client_retries": "counter",
         "waltz_client_commit_latency_seconds": "histogram", "waltz_client_high_water_mark": "gauge",
         "waltz_client_pending_appends": "gauge"}
 
