@@ -4,6 +4,7 @@ client, not sent to fail at the server (waltz_core/client/partition.py, ``HeldLo
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -183,3 +184,39 @@ async def test_closing_the_client_ends_held_back_transactions_with_client_closed
         await asyncio.sleep(0)
         assert ("exception", "ClientClosedError") in waiter.events
         assert ("exception", "ClientClosedError") in holder.events  # its outcome is unknown too
+
+
+class Chained(TransactionContext):
+    """Writes one lock; once applied, submits the next of ``left`` on the same lock (an
+    application that goes on from ``on_application``, on the sync client's consumer thread)."""
+
+    def __init__(self, client: object, left: int, done: list[int]) -> None:
+        super().__init__()
+        self.client, self.left, self.done = client, left, done
+        self.executions = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.executions += 1
+        builder.set_transaction_data(b"x")
+        builder.set_write_locks([PartitionLocalLock("chain", 0)])
+        return True
+
+    def on_application(self) -> None:
+        self.done.append(self.executions)
+        if self.left:
+            self.client.submit(Chained(self.client, self.left - 1, self.done))  # type: ignore[attr-defined]
+
+
+def test_a_transaction_submitted_once_its_predecessor_on_the_lock_was_applied_is_not_held_back() -> None:
+    with MockCluster(1, seed=9) as cluster, cluster.client(Log()) as client:
+        client.wait_mounted(10)
+        done: list[int] = []
+        client.submit(Chained(client, 30, done))
+        deadline = time.monotonic() + 20
+        while len(done) < 31 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done == [1] * 31  # each executed once: its predecessor was applied when it was built
+        assert client_counter(client, "lock_waits") == 0

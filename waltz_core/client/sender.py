@@ -256,6 +256,10 @@ class Sender:
                 return
         w, r, a = builder.write_locks, builder.read_locks, builder.append_locks
         held = p.held
+        if held.applying and (w or r):
+            # Appends applied since the last apply batch ended (the sync client applies on its
+            # consumer threads, and an application may submit from on_application) hold nothing.
+            self._reserve(p, held.release_applied(p.session.hwm))
         if (held.locks or held.reserved) and (w or r):
             reservation = self._reserved.get(id(context)) if self._reserved else None
             lock = held.conflict(w, r, reservation is not None and reservation[0] is p)
