@@ -90,7 +90,7 @@ def test_locks_of_committed_appends_are_released_once_applied_and_a_lock_failed_
     # applied, then gets it before what it held back: it is the older one.
     held.hold((7,))
     held.wait(7, waiter, 2)
-    held.committed(20, (7,))
+    held.held_until(20, (7,))
     held.wait_first(7, holder, 1)
     assert held.release_applied(19) == []
     assert held.release_applied(20) == [(holder, 1, 7)]

@@ -96,14 +96,17 @@ class HeldLocks:
     other needs, would hand their locks on and execute again for ever.
     """
 
-    __slots__ = ("locks", "reserved", "_applied", "_waits", "_tie")
+    __slots__ = ("locks", "reserved", "commits", "_applied", "_waits", "_tie")
 
     def __init__(self) -> None:
         #: lock hash -> own appends that will advance it (in flight, or committed and not applied)
         self.locks: dict[int, int] = {}
         #: lock hash -> transactions it is reserved to (one, but for a lock a holder took back)
         self.reserved: dict[int, int] = {}
-        self._applied: list[tuple[int, int, tuple[int, ...]]] = []  # (transaction id, tie, locks) heap
+        #: (transaction id, locks) of own appends committed, in feed order
+        self.commits: deque[tuple[int, tuple[int, ...]]] = deque()
+        #: (transaction id, tie, locks): locks kept until another transaction is applied (a heap)
+        self._applied: list[tuple[int, int, tuple[int, ...]]] = []
         self._waits: dict[int, deque[tuple[TransactionContext, int]]] = {}
         self._tie = itertools.count()
 
@@ -149,18 +152,36 @@ class HeldLocks:
         waiting.appendleft((context, attempts))
 
     def committed(self, transaction_id: int, locks: tuple[int, ...]) -> None:
-        """The append holding ``locks`` committed: they are released once it is applied."""
+        """The append holding ``locks`` committed as ``transaction_id`` (in feed order): they
+        are released once it is applied."""
+        self.commits.append((transaction_id, locks))
+
+    def held_until(self, transaction_id: int, locks: tuple[int, ...]) -> None:
+        """Keep ``locks`` until ``transaction_id`` (not an own one: any order) is applied."""
         heapq.heappush(self._applied, (transaction_id, next(self._tie), locks))
 
     @property
     def applying(self) -> bool:
-        """Committed appends wait to be applied."""
-        return bool(self._applied)
+        """Locks wait for a transaction to be applied."""
+        return bool(self.commits or self._applied)
 
     def release_applied(self, client_high_water_mark: int) -> list[tuple[TransactionContext, int, int]]:
         """Release the locks of the appends the application applied (see :meth:`release`)."""
-        applied = self._applied
         out: list[tuple[TransactionContext, int, int]] = []
+        commits = self.commits
+        held = self.locks
+        waits = self._waits
+        # release(), inline: once per own locked transaction
+        while commits and commits[0][0] <= client_high_water_mark:
+            for lock in commits.popleft()[1]:
+                n = held.get(lock, 0) - 1
+                if n > 0:
+                    held[lock] = n
+                else:
+                    held.pop(lock, None)
+                    if lock in waits:
+                        self._pass(lock, out)
+        applied = self._applied
         while applied and applied[0][0] <= client_high_water_mark:
             out.extend(self.release(heapq.heappop(applied)[2]))
         return out
@@ -213,6 +234,7 @@ class HeldLocks:
         self._waits.clear()
         self.locks.clear()
         self.reserved.clear()
+        self.commits.clear()
         self._applied.clear()
         return out
 

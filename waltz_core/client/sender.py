@@ -255,20 +255,27 @@ class Sender:
             if limit is not None and limit < self._max_append_body and self._over(p, link, context, builder, limit):
                 return
         w, r, a = builder.write_locks, builder.read_locks, builder.append_locks
-        held = p.held
-        if held.applying and (w or r):
-            # Appends applied since the last apply batch ended (the sync client applies on its
-            # consumer threads, and an application may submit from on_application) hold nothing.
-            self._reserve(p, held.release_applied(p.session.hwm))
-        if (held.locks or held.reserved) and (w or r):
-            reservation = self._reserved.get(id(context)) if self._reserved else None
-            lock = held.conflict(w, r, reservation is not None and reservation[0] is p)
-            if lock is not None:
-                self._hold_back(p, context, attempts, lock)
-                return
-        advances = (w + a if a else w) or None
-        if advances is not None:
-            held.hold(advances)
+        advances = None
+        if w or r or a:
+            held = p.held
+            if w or r:
+                commits = held.commits
+                if commits and commits[0][0] <= p.session.hwm:
+                    # Appends applied since the last apply batch ended hold nothing (the sync
+                    # client applies on its consumer threads, and an application may submit
+                    # from on_application).
+                    self._reserve(p, held.release_applied(p.session.hwm))
+                if held.locks or held.reserved:
+                    reservation = self._reserved.get(id(context)) if self._reserved else None
+                    lock = held.conflict(w, r, reservation is not None and reservation[0] is p)
+                    if lock is not None:
+                        self._hold_back(p, context, attempts, lock)
+                        return
+            advances = (w + a if a else w) or None
+            if advances is not None:
+                locks = held.locks  # held.hold(advances), inline: once per locked transaction
+                for lock in advances:
+                    locks[lock] = locks.get(lock, 0) + 1
         session = p.session
         seq = session.append(context, attempts, time.monotonic(), advances)
         if link is not None:
@@ -320,12 +327,6 @@ class Sender:
                 self._release(p, entry)
             self.retry(entry)
 
-    def committed(self, p: Partition, entry: Pending, transaction_id: int) -> None:
-        """An own append committed: the locks it advances are released once it is applied."""
-        if entry.held is not None:
-            p.held.committed(transaction_id, entry.held)
-            entry.held = None
-
     def _release(self, p: Partition, entry: Pending) -> None:
         """The append of ``entry`` will not commit: release its locks."""
         held, entry.held = entry.held, None
@@ -363,7 +364,7 @@ class Sender:
             # What it held back would be as stale as it was: its locks stay held until the
             # conflicting transaction is applied, and then go to it first.
             entry.held = None
-            p.held.committed(decision.transaction_id, held)
+            p.held.held_until(decision.transaction_id, held)
             p.held.wait_first(held[0], entry.item, entry.attempts)
         else:
             p.lock_waits.add(decision.transaction_id, entry)

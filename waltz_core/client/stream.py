@@ -142,7 +142,7 @@ class Streams:
         if entry is not None:
             p.own[tid] = entry.item  # the applier finds it there (a redelivery too)
             if entry.held is not None:
-                self._sender.committed(p, entry, tid)
+                p.held.committed(tid, entry.held)  # its locks are released once it is applied
             if p.slot_waiters:
                 p.release_slot()  # passes the slot on
             else:
