@@ -96,7 +96,7 @@ class HeldLocks:
     other needs, would hand their locks on and execute again for ever.
     """
 
-    __slots__ = ("locks", "reserved", "commits", "_applied", "_waits", "_tie")
+    __slots__ = ("locks", "reserved", "commits", "_applied", "_waits", "_waiting", "_tie")
 
     def __init__(self) -> None:
         #: lock hash -> own appends that will advance it (in flight, or committed and not applied)
@@ -108,11 +108,12 @@ class HeldLocks:
         #: (transaction id, tie, locks): locks kept until another transaction is applied (a heap)
         self._applied: list[tuple[int, int, tuple[int, ...]]] = []
         self._waits: dict[int, deque[tuple[TransactionContext, int]]] = {}
+        self._waiting = 0  #: transactions in _waits (a plain int: the pending gauge reads it from any thread)
         self._tie = itertools.count()
 
     def __len__(self) -> int:
         """Transactions held back."""
-        return sum(len(w) for w in self._waits.values())
+        return self._waiting
 
     def __bool__(self) -> bool:
         return bool(self._waits)
@@ -142,6 +143,7 @@ class HeldLocks:
         if waiting is None:
             waiting = self._waits[lock] = deque()
         waiting.append((context, attempts))
+        self._waiting += 1
 
     def wait_first(self, lock: int, context: TransactionContext, attempts: int) -> None:
         """Like :meth:`wait`, ahead of the others: for the holder of ``lock`` whose append failed
@@ -150,6 +152,7 @@ class HeldLocks:
         if waiting is None:
             waiting = self._waits[lock] = deque()
         waiting.appendleft((context, attempts))
+        self._waiting += 1
 
     def committed(self, transaction_id: int, locks: tuple[int, ...]) -> None:
         """The append holding ``locks`` committed as ``transaction_id`` (in feed order): they
@@ -223,6 +226,7 @@ class HeldLocks:
         if not waiting:
             return
         context, attempts = waiting.popleft()
+        self._waiting -= 1
         if not waiting:
             del self._waits[lock]
         self.reserved[lock] = 1
@@ -232,6 +236,7 @@ class HeldLocks:
         """Closing: the transactions held back; everything is forgotten."""
         out = [context for waiting in self._waits.values() for context, _ in waiting]
         self._waits.clear()
+        self._waiting = 0
         self.locks.clear()
         self.reserved.clear()
         self.commits.clear()

@@ -18,9 +18,10 @@ An append's fate comes back through the stream (:mod:`.stream`, decided by the s
 the partition's :class:`~.partition.LockWaits` until the application applied the conflicting
 transaction, then queued). A transaction that writes or reads a lock an own append in flight
 (or not yet applied) will advance is not sent: it waits in the partition's
-:class:`~.partition.HeldLocks` until that append is applied or failed, then is queued. The retry workers (``client.num_retry_workers``) take the queue and
-run the same path with ``attempts`` > 0. The nudge loop flushes a partition whose oldest pending
-append waited longer than ``client.long_wait_threshold`` (the flush rule then decides it).
+:class:`~.partition.HeldLocks` until that append is applied or failed, then is queued. The retry
+workers (``client.num_retry_workers``) take the queue and run the same path with ``attempts`` > 0.
+The nudge loop flushes a partition whose oldest pending append waited longer than
+``client.long_wait_threshold`` (the flush rule then decides it).
 
 Event loop only. The per-transaction part (fast path of step 2, steps 3 and 4) makes no coroutine
 other than ``submit`` itself when application code runs on the loop.
