@@ -10,7 +10,6 @@ import pytest
 
 from waltz_core.client import (
     AsyncWaltzClient,
-    PartitionLocalLock,
     TransactionBuilder,
     TransactionContext,
     WaltzClientCallbacks,
@@ -21,6 +20,7 @@ from waltz_core.testing.conformance.coordination import eventually
 from waltz_core.testing.mock_cluster import MockCluster
 
 from .conftest import AsyncCounterApp, Increment
+from .test_client_e2e import RawAppend
 from .test_client_mock import client_counter, replay_lock_model
 
 pytestmark = pytest.mark.timeout(60)
@@ -131,36 +131,25 @@ class Log(WaltzClientCallbacks):
         self.applied.append(txn.transaction_id)
 
 
-class Locked(TransactionContext):
-    def __init__(self, names: list[str]) -> None:
-        super().__init__()
-        self.locks = [PartitionLocalLock(name, 0) for name in names]
-        self.events: list[object] = []
-        self.executions = 0
+class Locked(RawAppend):
+    """RawAppend with its executions counted."""
 
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
+    def __init__(self, locks: int, lock_name: str = "k") -> None:
+        super().__init__(1, locks, lock_name)
+        self.executions = 0
 
     def execute(self, builder: TransactionBuilder) -> bool:
         self.executions += 1
-        builder.set_transaction_data(b"x")
-        builder.set_write_locks(self.locks)
-        return True
-
-    def on_completion(self, result: bool) -> None:
-        self.events.append(("completion", result))
-
-    def on_exception(self, exc: BaseException) -> None:
-        self.events.append(exc)
+        return super().execute(builder)
 
 
 async def test_a_held_back_transaction_goes_when_the_append_holding_its_lock_is_refused(tmp_path) -> None:
     spec = ClusterSpec(tmp_path / "cluster", num_partitions=1, server_overrides={"max_locks_per_transaction": 2})
     async with InProcessCluster(spec), AsyncWaltzClient(Log(), spec.client_config()) as client:
-        refused = Locked(["a", "b", "c"])  # over the server's max_locks_per_transaction
-        waiter = Locked(["a"])
+        refused = Locked(3)  # over the server's max_locks_per_transaction
+        waiter = Locked(1)
         await client.submit(refused)
-        await client.submit(waiter)  # held back: the refused one holds "a" until decided
+        await client.submit(waiter)  # held back: the refused one holds "k0" until decided
         await client.flush()
         await eventually(lambda: refused.events and waiter.events, 20, "both decided")
         assert [type(e).__name__ for e in refused.events] == ["TooManyLocksError"]
@@ -186,23 +175,13 @@ async def test_closing_the_client_ends_held_back_transactions_with_client_closed
         assert ("exception", "ClientClosedError") in holder.events  # its outcome is unknown too
 
 
-class Chained(TransactionContext):
+class Chained(Locked):
     """Writes one lock; once applied, submits the next of ``left`` on the same lock (an
     application that goes on from ``on_application``, on the sync client's consumer thread)."""
 
     def __init__(self, client: object, left: int, done: list[int]) -> None:
-        super().__init__()
+        super().__init__(1, "chain")
         self.client, self.left, self.done = client, left, done
-        self.executions = 0
-
-    def partition_id(self, num_partitions: int) -> int:
-        return 0
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        self.executions += 1
-        builder.set_transaction_data(b"x")
-        builder.set_write_locks([PartitionLocalLock("chain", 0)])
-        return True
 
     def on_application(self) -> None:
         self.done.append(self.executions)

@@ -139,20 +139,20 @@ class HeldLocks:
 
     def wait(self, lock: int, context: TransactionContext, attempts: int) -> None:
         """Hold ``context`` (executed ``attempts`` times) back until ``lock`` is released to it."""
-        waiting = self._waits.get(lock)
-        if waiting is None:
-            waiting = self._waits[lock] = deque()
-        waiting.append((context, attempts))
-        self._waiting += 1
+        self._waiters(lock).append((context, attempts))
 
     def wait_first(self, lock: int, context: TransactionContext, attempts: int) -> None:
         """Like :meth:`wait`, ahead of the others: for the holder of ``lock`` whose append failed
         its lock check (it is older than every transaction it held back)."""
+        self._waiters(lock).appendleft((context, attempts))
+
+    def _waiters(self, lock: int) -> deque[tuple[TransactionContext, int]]:
+        """The queue of ``lock``, made if needed, for one more waiter."""
+        self._waiting += 1
         waiting = self._waits.get(lock)
         if waiting is None:
             waiting = self._waits[lock] = deque()
-        waiting.appendleft((context, attempts))
-        self._waiting += 1
+        return waiting
 
     def committed(self, transaction_id: int, locks: tuple[int, ...]) -> None:
         """The append holding ``locks`` committed as ``transaction_id`` (in feed order): they
