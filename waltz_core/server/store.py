@@ -575,7 +575,7 @@ class ReplicatedStore:
     async def _supervise(self) -> None:
         while not self._closed:
             try:
-                await wait_for(self._restart.wait(), PROBE_INTERVAL)
+                await wait_for(self._restart.wait(), self._probe_interval())
             except TimeoutError:
                 await self._probe_missing_replicas()
                 continue
@@ -657,6 +657,17 @@ class ReplicatedStore:
                 return None
             self._held_out[endpoint] = (time.monotonic(), held[1], None)  # a new connection: the hold is over
         return api
+
+    def _probe_interval(self) -> float | None:
+        """How long the supervisor waits for a restart before it probes: :data:`PROBE_INTERVAL`
+        while the session lacks an assigned replica, else no limit. A session's replicas are
+        fixed when it starts (one that leaves breaks it, which sets ``_restart``), so a
+        partition with all of them has nothing to probe; a timer a second for each of hundreds
+        of such partitions was most of an idle server's CPU."""
+        s = self.session
+        if s is None or s.broken or s.rolling_over or len(s.replicas) >= len(s.assigned):
+            return None
+        return PROBE_INTERVAL
 
     async def _probe_missing_replicas(self) -> None:
         """A replica outside the session that is reachable again gets in through a new session
