@@ -63,7 +63,8 @@ def _produce_row(name: str, r: ProduceResult) -> dict[str, Any]:
     return {"shape": name, "txn_per_s": round(r.txn_per_s, 1), "mb_per_s": round(r.mb_per_s, 3),
             "retries_per_txn": round(r.retries_per_txn, 4), "lock_failures": r.lock_failures, "latency_ms": lat,
             "records_per_fdatasync": round(r.storage.records_per_sync, 2)
-            if r.storage and r.storage.records_per_sync else None, "cpu_us_per_txn": r.cpu_us_per_txn}
+            if r.storage and r.storage.records_per_sync else None, "cpu_us_per_txn": r.cpu_us_per_txn,
+            "host_cpu": r.host_cpu}
 
 
 #: The shapes the targets compare with each other: (name, partitions, options). They run
@@ -95,12 +96,15 @@ def _median_row(name: str, results: list[ProduceResult]) -> tuple[ProduceResult,
 
 
 def _median_tail_row(name: str, results: list[ProduceResult]) -> dict[str, Any]:
-    """The run of median p99.9, with every run's p99.9 in its row (``runs_p99.9_ms``)."""
+    """The run of median p99.9, with every run's p99.9 in its row (``runs_p99.9_ms``) and the
+    share of the machine's CPU time stolen by the hypervisor during it (``runs_steal_percent``):
+    the CPU part of the tail moves with it."""
     tails = [r.latency.summary_ms()["p99.9"] for r in results]
     row = _produce_row(name, results[_median_index(tails)])
     if len(results) > 1:
         row["shape"] += f", median of {len(results)} by p99.9"
         row["runs_p99.9_ms"] = tails
+        row["runs_steal_percent"] = [r.host_cpu["steal_percent"] if r.host_cpu else None for r in results]
     return row
 
 
@@ -233,12 +237,14 @@ def _targets(report: dict[str, Any]) -> list[str]:
                                                               report.get("disk_floor_runs_p99.9_ms", []))
     if in_memory:
         parts += "; the cluster with its files on tmpfs: " + _tail(in_memory["latency_ms"]["p99.9"],
-                                                                   in_memory.get("runs_p99.9_ms", []))
+                                                                   in_memory.get("runs_p99.9_ms", []),
+                                                                   in_memory.get("runs_steal_percent"))
     out = ["| target | this run |", "|---|---|",
            f"| lock pool 128 / no locks, 64 in flight (≥ 60 %) | {ratio(locked)} |",
            f"| 4 partitions x 16 / 1 partition x 64 (≥ 100 %) | {ratio(spread)} |",
            f"| open loop at {_load_of(open_loop)}: p99.9 (≤ 10 ms) | "
-           f"{_tail(open_loop['latency_ms']['p99.9'], open_loop.get('runs_p99.9_ms', []))} ({parts}) |",
+           f"{_tail(open_loop['latency_ms']['p99.9'], open_loop.get('runs_p99.9_ms', []), open_loop.get('runs_steal_percent'))}"
+           f" ({parts}) |",
            f"| CPU per transaction, all processes, 64 in flight (≤ 25 µs) | {total} |"]
     for peer in comp["peers"]:
         goal = "≥ 6x" if peer == "etcd" else "reported"
@@ -246,9 +252,20 @@ def _targets(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def _tail(p999: float, runs: list[float]) -> str:
-    """A p99.9 in ms, and with several runs, that it is their median and what each gave."""
-    return f"{p999} ms" + (f" (median; runs {', '.join(f'{r}' for r in sorted(runs))})" if len(runs) > 1 else "")
+def _tail(p999: float, runs: list[float], steals: list[float | None] | None = None) -> str:
+    """A p99.9 in ms, and with several runs, that it is their median and what each gave (with
+    the hypervisor's steal during each, where known)."""
+    if len(runs) < 2:
+        return f"{p999} ms"
+    if steals is not None and len(steals) == len(runs) and all(s is not None for s in steals):
+        each = [f"{r} at {s} % steal" for r, s in sorted(zip(runs, steals, strict=True))]
+    else:
+        each = [f"{r}" for r in sorted(runs)]
+    return f"{p999} ms (median; runs {', '.join(each)})"
+
+
+def _host(host: dict[str, float] | None) -> str:
+    return f"{host['busy_percent']:.1f} / {host['steal_percent']:.1f}" if host else "-"
 
 
 def _runs_note(runs: list[float]) -> str:
@@ -308,15 +325,15 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += ["", f"**Ratio of the medians: {ratios}**", "",
               "### `waltz perf produce` (1 client, 256 B)", "",
               "| shape | txn/s | MB/s | retries/txn | p50 | p90 | p99 | p99.9 | records/fdatasync "
-              "| CPU us/txn client / server / storages |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| CPU us/txn client / server / storages | machine busy / steal % |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["produce"]:
         x = r["latency_ms"]
         runs = r.get("runs_txn_per_s")
         rate = f"{r['txn_per_s']:,.0f}" + (f" ({', '.join(f'{v:,.0f}' for v in runs)})" if runs and len(runs) > 1 else "")
         lines.append(f"| {r['shape']} | {rate} | {r['mb_per_s']:.2f} | {r['retries_per_txn']:.4f} "
                      f"| {x['p50']} | {x['p90']} | {x['p99']} | {x['p99.9']} | {r['records_per_fdatasync']} "
-                     f"| {cpu(r['cpu_us_per_txn'])} |")
+                     f"| {cpu(r['cpu_us_per_txn'])} | {_host(r.get('host_cpu'))} |")
     lines += ["", "### The disk's share of the open loop's latency (its rate and rounds, no Waltz code)", "",
               diskfloor.DiskFloor(**report["disk_floor"]).summary() + _runs_note(report.get("disk_floor_runs_p99.9_ms", [])),
               "", "### Against the targets (ratios of this run)", "", *_targets(report)]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from waltz_core.perf.cpu import CpuSample, cpu_seconds, parse_stat_cpu_seconds
+from waltz_core.perf.cpu import CpuSample, HostCpuSample, cpu_seconds, parse_stat_cpu_seconds
 
 
 def _spin(seconds: float) -> None:
@@ -53,3 +53,42 @@ def test_sample_difference_per_transaction_and_unknown_processes() -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert CpuSample.take({"gone": [dead.pid]}) is None  # an exited (reaped) process: unknown, not 0
+
+
+_STAT = b"""cpu  {user} 10 {system} {idle} 40 0 {softirq} {steal} 0 0
+cpu0 1 2 3 4 5 6 7 8 0 0
+cpu1 1 2 3 4 5 6 7 8 0 0
+intr 12345
+"""
+
+
+def _stat(user: int, system: int, idle: int, softirq: int, steal: int) -> bytes:
+    return _STAT.replace(b"{user}", b"%d" % user).replace(b"{system}", b"%d" % system).replace(
+        b"{idle}", b"%d" % idle).replace(b"{softirq}", b"%d" % softirq).replace(b"{steal}", b"%d" % steal)
+
+
+def test_the_machines_busy_and_stolen_shares_over_a_window() -> None:
+    before = HostCpuSample.parse(_stat(user=1000, system=200, idle=5000, softirq=50, steal=100))
+    after = HostCpuSample.parse(_stat(user=1500, system=300, idle=5300, softirq=70, steal=130))
+    assert before is not None and after is not None and after.cores == 2
+    # 500 user + 100 system + 20 softirq busy, 300 idle, 30 steal: 950 ticks in all
+    assert after.shares_since(before) == {"busy_percent": round(100 * 620 / 950, 1),
+                                          "steal_percent": round(100 * 30 / 950, 1), "cores": 2}
+    assert after.shares_since(after) is None  # no tick passed: unknown, not 0 %
+    assert HostCpuSample.parse(b"garbage") is None
+    assert HostCpuSample.parse(b"cpu  1 2 x 4") is None
+    old = HostCpuSample.parse(b"cpu  1 2 3 4 5 6 7\ncpu0 1 2 3 4 5 6 7\n")  # a kernel without steal
+    assert old is not None and old.ticks["steal"] == 0 and old.cores == 1
+
+
+def test_the_host_sample_of_this_machine_counts_a_busy_core() -> None:
+    before = HostCpuSample.take()
+    assert before is not None, "the project runs on Linux: /proc/stat must be readable"
+    _spin(0.3)
+    after = HostCpuSample.take()
+    assert after is not None
+    shares = after.shares_since(before)
+    assert shares is not None and shares["cores"] == os.cpu_count()
+    # this process kept one core busy the whole time: at least half of it shows on 2 cores
+    assert shares["busy_percent"] >= 100 / shares["cores"] / 2
+    assert 0 <= shares["steal_percent"] <= 100 - shares["busy_percent"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,7 @@ def test_produce_open_loop_text_report() -> None:
     assert 0 < rate < 300
     assert "p99.9" in lines["latency"]
     assert "records" in lines["records/fdatasync"] and "syncs over all storages" in lines["records/fdatasync"]
+    assert re.fullmatch(r"host CPU +busy [0-9.]+ %, steal [0-9.]+ % of \d+ cores \(.*\)", lines["host"]), lines["host"]
 
 
 def test_consume_feed_and_data_json() -> None:
@@ -75,6 +77,8 @@ def test_produce_without_locks_or_faults_reports_no_retries_and_cpu_per_process(
     cpu = out["cpu_us_per_txn"]
     assert set(cpu) == {"client", "server", "storages"}
     assert all(v > 0 for v in cpu.values())
+    host = out["host_cpu"]
+    assert set(host) == {"busy_percent", "steal_percent", "cores"} and 0 < host["busy_percent"] <= 100
 
 
 def _children(pid: int) -> list[int]:

@@ -77,8 +77,9 @@ def _perf_report() -> Any:
 def test_repeated_open_loops_report_their_median_tail_and_every_run() -> None:
     perf_report = _perf_report()
     runs = []
-    for slow_ms in (30.0, 8.0, 12.0):  # one slow transaction in a thousand each: that is each run's p99.9
-        result = ProduceResult(ProduceOptions(rate=1000.0, in_flight=1024), elapsed=1.0, committed=2000)
+    for slow_ms, steal in ((30.0, 4.5), (8.0, 0.2), (12.0, 1.1)):  # one slow transaction in a thousand: the p99.9
+        result = ProduceResult(ProduceOptions(rate=1000.0, in_flight=1024), elapsed=1.0, committed=2000,
+                               host_cpu={"busy_percent": 70.0, "steal_percent": steal, "cores": 2})
         for _ in range(1996):
             result.latency.record(0.002)
         for _ in range(4):
@@ -88,10 +89,15 @@ def test_repeated_open_loops_report_their_median_tail_and_every_run() -> None:
     row = perf_report._median_tail_row("1 partition, open loop 1,000/s (70% of the maximum)", runs)
     assert row["shape"] == "1 partition, open loop 1,000/s (70% of the maximum), median of 3 by p99.9"
     assert row["runs_p99.9_ms"] == tails and row["latency_ms"]["p99.9"] == sorted(tails)[1]
+    assert row["runs_steal_percent"] == [4.5, 0.2, 1.1] and row["host_cpu"]["steal_percent"] == 1.1
     single = perf_report._median_tail_row("one", runs[:1])
     assert single["shape"] == "one" and "runs_p99.9_ms" not in single
     # the targets row says it is a median and gives each run, for the open loop and for both of its parts
     assert perf_report._tail(12.0, [30.0, 8.0, 12.0]) == "12.0 ms (median; runs 8.0, 12.0, 30.0)"
     assert perf_report._tail(12.0, [12.0]) == "12.0 ms"
+    assert (perf_report._tail(12.0, row["runs_p99.9_ms"], row["runs_steal_percent"])
+            == "12.0 ms (median; runs 8.0 at 0.2 % steal, 12.0 at 1.1 % steal, 30.0 at 4.5 % steal)")
+    assert perf_report._tail(12.0, [30.0, 8.0, 12.0], [None, 0.2, 1.1]) == "12.0 ms (median; runs 8.0, 12.0, 30.0)"
+    assert perf_report._host(row["host_cpu"]) == "70.0 / 1.1" and perf_report._host(None) == "-"
     assert perf_report._runs_note([]) == "."
     assert perf_report._runs_note([5.0, 7.5]) == " (the median of 2 runs by p99.9; their p99.9: 5.0 ms, 7.5 ms)."

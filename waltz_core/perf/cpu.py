@@ -1,8 +1,11 @@
-"""CPU time per process over a benchmark window, read from ``/proc`` (Linux).
+"""CPU time per process, and of the whole machine, over a benchmark window, read from ``/proc`` (Linux).
 
 On a shared 2-core machine, wall-clock throughput moves with the neighbours; CPU seconds spent
 per transaction in each process (client, server, storages) moves much less, and it says which
-process an optimisation has to target. Elsewhere than Linux the figure is reported as unknown.
+process an optimisation has to target. The machine's own shares (busy, and on a virtual machine
+*steal*: time the hypervisor gave its CPUs to others, in which no process of it ran) say how
+loaded the host was and how much of a latency tail may be the host's. Elsewhere than Linux the
+figures are reported as unknown.
 """
 
 from __future__ import annotations
@@ -63,3 +66,49 @@ class CpuSample:
         if transactions <= 0:
             return {}
         return {k: round(v / transactions * 1e6, 1) for k, v in self.seconds.items()}
+
+
+#: the fields of /proc/stat's ``cpu`` line, in order (man 5 proc); guest times are inside user/nice
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_BUSY = ("user", "nice", "system", "irq", "softirq")
+
+
+@attrs.frozen
+class HostCpuSample:
+    """The machine's CPU time by kind (the ``cpu`` line of /proc/stat, in clock ticks) at one moment."""
+
+    ticks: Mapping[str, int]
+    cores: int
+
+    @classmethod
+    def take(cls) -> HostCpuSample | None:
+        """None where /proc/stat cannot be read or parsed (not Linux)."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                return cls.parse(f.read())
+        except OSError:
+            return None
+
+    @classmethod
+    def parse(cls, raw: bytes) -> HostCpuSample | None:
+        lines = raw.splitlines()
+        fields = lines[0].split() if lines else []
+        if not fields or fields[0] != b"cpu":
+            return None
+        try:
+            values = [int(v) for v in fields[1 : 1 + len(_STAT_FIELDS)]]
+        except ValueError:
+            return None
+        values += [0] * (len(_STAT_FIELDS) - len(values))  # an old kernel without steal
+        cores = sum(1 for line in lines[1:] if line.startswith(b"cpu"))
+        return cls(dict(zip(_STAT_FIELDS, values, strict=True)), max(cores, 1))
+
+    def shares_since(self, before: HostCpuSample) -> dict[str, float] | None:
+        """Percent of the machine's CPU time since ``before`` that was busy and that was stolen,
+        with the number of cores; None when no tick passed."""
+        delta = {k: self.ticks[k] - before.ticks.get(k, 0) for k in _STAT_FIELDS}
+        total = sum(delta.values())
+        if total <= 0:
+            return None
+        return {"busy_percent": round(100 * sum(delta[k] for k in _BUSY) / total, 1),
+                "steal_percent": round(100 * delta["steal"] / total, 1), "cores": self.cores}

@@ -38,7 +38,7 @@ from ..inbox import Inbox
 from ..timeouts import wait_for
 from . import timeline
 from .cluster import StorageCounters, scrape_storages
-from .cpu import CpuSample
+from .cpu import CpuSample, HostCpuSample
 from .histogram import LatencyHistogram
 
 #: Called about 5 times a second with (done, elapsed seconds) for a progress display.
@@ -81,6 +81,8 @@ class ProduceResult:
     latency: LatencyHistogram = attrs.Factory(LatencyHistogram)
     storage: StorageCounters | None = None
     cpu: CpuSample | None = None  #: CPU seconds per process group over the measured window
+    #: the whole machine over the measured window: busy and steal percent, cores (None: unknown)
+    host_cpu: dict[str, float] | None = None
 
     @property
     def cpu_us_per_txn(self) -> dict[str, float] | None:
@@ -114,6 +116,7 @@ class ProduceResult:
             "records_per_fdatasync": (round(self.storage.records_per_sync, 2)
                                       if self.storage and self.storage.records_per_sync is not None else None),
             "cpu_us_per_txn": self.cpu_us_per_txn,
+            "host_cpu": self.host_cpu,
         }
 
     def report(self) -> list[str]:
@@ -135,6 +138,9 @@ class ProduceResult:
                                     "no syncs seen" if storage else "unknown (no storage /metrics to scrape)"),
             "CPU us/txn       " + ("  ".join(f"{k} {v:.1f}" for k, v in cpu.items()) if (cpu := self.cpu_us_per_txn)
                                    else "unknown (no /proc or no processes given)"),
+            "host CPU         " + (f"busy {host['busy_percent']:.1f} %, steal {host['steal_percent']:.1f} % of "
+                                   f"{host['cores']:g} cores (steal: time the hypervisor gave to others)"
+                                   if (host := self.host_cpu) else "unknown (no /proc/stat)"),
         ]
 
 
@@ -310,6 +316,7 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
         await _tick_until(run, t0, t0 + options.warmup, None, progress)
         before = await asyncio.to_thread(scrape_storages, metrics_urls)
         cpu_before = CpuSample.take(cpu_groups)
+        host_before = HostCpuSample.take()
         run.measuring = True
         start = time.perf_counter()
         if recorder is not None:
@@ -321,8 +328,11 @@ async def produce(config: ClientProcessConfig, options: ProduceOptions, *, metri
         if recorder is not None:
             recorder.mark("measure_end")
         cpu_after = CpuSample.take(cpu_groups)
+        host_after = HostCpuSample.take()
         if cpu_before is not None and cpu_after is not None:
             run.result.cpu = cpu_after - cpu_before
+        if host_before is not None and host_after is not None:
+            run.result.host_cpu = host_after.shares_since(host_before)
         after = await asyncio.to_thread(scrape_storages, metrics_urls)
         if before is not None and after is not None:
             run.result.storage = after - before
