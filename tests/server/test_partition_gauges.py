@@ -77,3 +77,20 @@ async def test_a_partition_closed_while_a_refresh_yields_keeps_no_gauges(monkeyp
     registry.remove({"partition": "6"})
     await gauges.refresh(partitions)
     assert gauge_values(registry, "high_water_mark")["6"] == 60
+
+
+async def test_a_partition_opened_again_before_its_old_gauges_were_removed_gets_them_back() -> None:
+    """``_close_partition`` pops the partition, awaits its close, then removes its metrics. If the
+    partition is opened again meanwhile and a refresh makes its gauges, the removal takes those
+    too: ``forget`` (called with the removal) makes the next refresh register them again."""
+    registry = MetricsRegistry(prefix="waltz_server")
+    partitions: dict[int, Any] = {3: FakePartition(3)}
+    gauges = PartitionGauges(registry)
+    await gauges.refresh(partitions)
+    del partitions[3]  # closing: popped
+    partitions[3] = FakePartition(3)  # opened again while the close was awaited
+    await gauges.refresh(partitions)
+    registry.remove({"partition": "3"})  # the close ends: its metrics go, the new partition's with them
+    gauges.forget(3)
+    await gauges.refresh(partitions)
+    assert gauge_values(registry, "high_water_mark") == {"3": 30}

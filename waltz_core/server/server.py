@@ -62,6 +62,7 @@ class WaltzServer:
         self._stores: dict[int, ReplicatedStore] = {}  #: the replicated store of each partition in self.partitions
         self._replica_watcher: ReplicaAssignmentWatcher | None = None
         self.metrics = MetricsRegistry("waltz_server")
+        self._partition_gauges = PartitionGauges(self.metrics)
         self.name = "waltz-server"
         self._listener: Listener | None = None
         self._http: HttpEndpoint | None = None
@@ -214,6 +215,7 @@ class WaltzServer:
             return
         await partition.close()
         self.metrics.remove({"partition": str(pid)})
+        self._partition_gauges.forget(pid)  # a partition opened again meanwhile gets its gauges back
         log.info("%s: closed partition %d", self.name, pid)
         self.runtime.hook.waltz_partition_closed(server_name=self.name, partition_id=pid)
 
@@ -325,7 +327,6 @@ class WaltzServer:
         reg.gauge("cache_budget_bytes", "Bytes the server may keep in this cache, all partitions together",
                   {"cache": "replication"}).set(self.replication_budget.limit)
         shown: set[str] = set()  # storage endpoints with a storage_reachable gauge
-        partition_gauges = PartitionGauges(reg)
         while True:
             for name, budget in budgets.items():
                 reg.gauge("cache_bytes", "Bytes held in this cache, all partitions together",
@@ -340,7 +341,7 @@ class WaltzServer:
                 reg.gauge("storage_reachable", "1 while this server reaches the storage node, 0 while it is "
                           "marked unreachable (all partitions go on without it)", {"storage": endpoint}).set(
                     1 if reachable else 0)
-            await partition_gauges.refresh(self.partitions)
+            await self._partition_gauges.refresh(self.partitions)
             await asyncio.sleep(1.0)
 
 
@@ -384,6 +385,11 @@ class PartitionGauges:
             if time.perf_counter() - sliced >= METRICS_SLICE:
                 await asyncio.sleep(0)
                 sliced = time.perf_counter()
+
+    def forget(self, pid: int) -> None:
+        """The partition's metrics left the registry (it closed): the next refresh registers the
+        gauges of a partition of that id again, even one opened while the close was awaited."""
+        self._gauges.pop(pid, None)
 
     def _make(self, pid: int) -> tuple[Gauge, ...]:
         reg, labels = self._registry, {"partition": str(pid)}
