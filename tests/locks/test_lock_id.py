@@ -106,3 +106,12 @@ def test_the_hash_is_made_once_and_is_not_part_of_the_value() -> None:
         lock._lock_hash = 0  # type: ignore[misc]
     with pytest.raises(TypeError):
         PartitionLocalLock("a", True)  # a bool is not a lock id
+
+
+@pytest.mark.parametrize("name", ["account", "hello", "polygenelubricants", "", "\u00e9t\u00e9"])
+def test_a_locks_hash_is_lock_hash_on_both_sides_of_the_int32_ids(name: str) -> None:
+    """Ids in 0..2**31-1 take a shorter path (Long.hashCode of such an id is the id)."""
+    for id in (0, 1, 7, 2**31 - 2, 2**31 - 1, 2**31, 2**32 - 1, 2**32, -1, -2, -(2**31), 2**63 - 1, -(2**63)):
+        lock = PartitionLocalLock(name, id)
+        assert lock.lock_hash == lock_hash(name, id), (name, id)
+        assert -(2**31) <= lock.lock_hash < 2**31
