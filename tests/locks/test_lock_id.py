@@ -115,3 +115,18 @@ def test_a_locks_hash_is_lock_hash_on_both_sides_of_the_int32_ids(name: str) -> 
         lock = PartitionLocalLock(name, id)
         assert lock.lock_hash == lock_hash(name, id), (name, id)
         assert -(2**31) <= lock.lock_hash < 2**31
+
+
+def test_a_subclass_made_with_attrs_hashes_its_locks_too() -> None:
+    """attrs makes such a subclass its own ``__init__``, which calls ``__attrs_post_init__``."""
+    import attrs
+
+    @attrs.frozen
+    class RegionLock(PartitionLocalLock):
+        region: str = "eu"
+
+    lock = RegionLock("account", 7, "us")
+    assert lock.lock_hash == lock_hash("account", 7) and lock.region == "us"
+    assert RegionLock("account", 2**40).lock_hash == lock_hash("account", 2**40)
+    with pytest.raises(TypeError):
+        RegionLock("account", 1.5)  # type: ignore[arg-type]
